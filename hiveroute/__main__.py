@@ -1,0 +1,3 @@
+from hiveroute.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""The `hiveroute` command: serve | sim | demo | bench | mcp.
+
+Each subcommand lives in the module of its component and exposes `configure(parser)` and
+`run(args) -> int`; this file only wires them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from hiveroute.errors import ConfigError
+
+SUBCOMMANDS = {
+    "serve": ("hiveroute.gateway.serve_command", "run the router"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hiveroute",
+        description="Agent-aware, KV-cache-aware router for vLLM-compatible engines.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.configure(command_parser)
+        command_parser.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args))
+    except ConfigError as exc:
+        print(f"hiveroute {args.command}: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""Router configuration: one YAML file, every key also a CLI flag and a HIVEROUTE_* variable.
+
+Precedence, highest first: command-line flag, environment variable, YAML file, default. A key
+``max_body_bytes`` is the flag ``--max-body-bytes`` and the variable
+``HIVEROUTE_MAX_BODY_BYTES``. List-valued keys take a comma-separated variable and repeated
+flags; mapping-valued keys take JSON on the command line and in the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hiveroute.errors import ConfigError
+
+ENV_PREFIX = "HIVEROUTE_"
+
+
+def _opt(help: str, default: Any = dataclasses.MISSING, **extra: Any) -> Any:
+    meta = {"help": help, **extra}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)  # type: ignore[misc]
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class RouterConfig:
+    host: str = _opt("address to listen on", "0.0.0.0")
+    port: int = _opt("port to listen on", 8080)
+    engine: list[str] = _opt(
+        "engine URL, optionally with ',events=tcp://HOST:PORT'; repeat for several. "
+        "None: start embedded simulated engines",
+        [],
+    )
+    embedded_engines: int = _opt("how many simulated engines to embed when no engine is given", 2)
+    policy: str = _opt("routing policy name", "session")
+    policies: dict[str, Any] = _opt("custom policy specs (YAML mapping; JSON on the CLI)", {})
+    log_level: str = _opt("log level: debug, info, warning, error", "info")
+    max_body_bytes: int = _opt("largest request body accepted, in bytes", 32 * 1024 * 1024)
+    health_interval_s: float = _opt("seconds between engine health checks", 2.0)
+    connect_timeout_s: float = _opt("seconds to connect to an engine before trying another", 2.0)
+    first_byte_timeout_s: float = _opt(
+        "seconds a streamed request may wait for its first byte before it is retried elsewhere",
+        60.0,
+    )
+    request_timeout_s: float = _opt("seconds a whole request may take", 600.0)
+    retries: int = _opt("retries on another engine when one cannot be reached", 1)
+
+    @property
+    def engine_specs(self) -> list[Any]:
+        from hiveroute.engines.engine import EngineSpec
+
+        return [EngineSpec.parse(text) for text in self.engine]
+
+    def validate(self) -> RouterConfig:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be 0..65535, got {self.port}")
+        if self.max_body_bytes <= 0:
+            raise ConfigError("max_body_bytes must be positive")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
+            raise ConfigError(f"unknown log level {self.log_level!r}")
+        if self.retries < 0:
+            raise ConfigError("retries must be 0 or more")
+        self.engine_specs  # noqa: B018 - parses each spec, raising ConfigError on a bad one
+        return self
+
+
+def _base_type(tp: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _base_type(args[0])
+    return origin or tp
+
+
+def _coerce(name: str, value: Any, tp: Any, source: str) -> Any:
+    base = _base_type(tp)
+    try:
+        if base is list:
+            if isinstance(value, str):
+                return [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, list):
+                raise TypeError("expected a list")
+            return [str(v) for v in value]
+        if base is dict:
+            if isinstance(value, str):
+                value = json.loads(value)
+            if not isinstance(value, dict):
+                raise TypeError("expected a mapping")
+            return value
+        if base is bool:
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if base is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        return base(value)
+    except (TypeError, ValueError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{source}: bad value {value!r} for {name}: {exc}") from None
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type = RouterConfig) -> None:
+    """One flag per config key; defaults are None so we can tell 'not given' from a default."""
+    parser.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": f.metadata.get("help")}
+        if _base_type(hints[f.name]) is list:
+            kwargs["action"] = "append"
+        parser.add_argument(flag, **kwargs)
+
+
+def load_config(
+    args: argparse.Namespace | Mapping[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    cls: type = RouterConfig,
+) -> Any:
+    """Merge defaults, the YAML file, the environment and flags, in rising precedence."""
+    env = os.environ if env is None else env
+    given = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+
+    path = given.get("config") or env.get(ENV_PREFIX + "CONFIG")
+    if path:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of keys to values")
+        for key, value in loaded.items():
+            name = str(key).replace("-", "_")
+            if name == "engines":
+                name = "engine"
+            if name not in names:
+                raise ConfigError(
+                    f"config file {path}: unknown key {key!r}; known: {', '.join(sorted(names))}"
+                )
+            values[name] = _coerce(name, value, hints[name], f"config file {path}")
+
+    for name in names:
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is not None:
+            values[name] = _coerce(
+                name, raw, hints[name], f"environment {ENV_PREFIX + name.upper()}"
+            )
+
+    for name in names:
+        if given.get(name) is not None:
+            values[name] = _coerce(
+                name, given[name], hints[name], f"flag --{name.replace('_', '-')}"
+            )
+
+    config = cls(**values)
+    validate = getattr(config, "validate", None)
+    return validate() if validate else config

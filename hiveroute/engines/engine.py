@@ -1,0 +1,108 @@
+"""An engine as the router sees it: address, health, models and load."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from hiveroute.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How to reach one engine: its HTTP base URL and, optionally, its KV-event endpoints."""
+
+    url: str
+    events: str | None = None
+    replay: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> EngineSpec:
+        """Parse ``URL[,events=tcp://H:P][,replay=tcp://H:P]`` as given to ``--engine``."""
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts:
+            raise ConfigError("empty --engine value; expected URL[,events=tcp://HOST:PORT]")
+        url = parts[0].rstrip("/")
+        split = urlsplit(url)
+        if split.scheme not in ("http", "https") or not split.hostname:
+            raise ConfigError(f"engine URL {url!r} must look like http://HOST:PORT")
+        options: dict[str, str] = {}
+        for part in parts[1:]:
+            key, sep, value = part.partition("=")
+            if not sep or key not in ("events", "replay"):
+                raise ConfigError(
+                    f"unknown engine option {part!r} in {text!r}; use events=tcp://HOST:PORT "
+                    "or replay=tcp://HOST:PORT"
+                )
+            if not value.startswith("tcp://"):
+                raise ConfigError(f"engine option {key} must be a tcp:// endpoint, got {value!r}")
+            options[key] = value
+        return cls(url=url, events=options.get("events"), replay=options.get("replay"))
+
+    @property
+    def name(self) -> str:
+        """A short stable name (``host:port``), used as the ``engine`` metric label."""
+        split = urlsplit(self.url)
+        port = split.port or (443 if split.scheme == "https" else 80)
+        return f"{split.hostname}:{port}"
+
+
+@dataclass
+class EngineLoad:
+    """Load as the router knows it: its own in-flight count plus what the engine reports."""
+
+    in_flight: int = 0
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    scraped_at: float = 0.0
+    in_flight_at_scrape: int = 0
+
+    @property
+    def foreign(self) -> float:
+        """Requests the engine reported that were not ours (other clients, other replicas)."""
+        return max(0.0, self.running + self.waiting - self.in_flight_at_scrape)
+
+    @property
+    def queue_depth(self) -> float:
+        """Requests the engine is busy with: ours now (always fresh) plus others' at last scrape."""
+        return self.in_flight + self.foreign
+
+
+@dataclass
+class Engine:
+    """One engine of the pool. Mutable state is owned by the EnginePool."""
+
+    spec: EngineSpec
+    healthy: bool = True
+    models: set[str] = field(default_factory=set)
+    load: EngineLoad = field(default_factory=EngineLoad)
+    consecutive_failures: int = 0
+    last_error: str | None = None
+    down_since: float | None = None
+    block_size: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def serves(self, model: str | None) -> bool:
+        """Whether this engine can take a request for `model` (unknown models list: assume yes)."""
+        return model is None or not self.models or model in self.models
+
+    def mark_down(self, reason: str) -> None:
+        if self.healthy:
+            self.down_since = time.monotonic()
+        self.healthy = False
+        self.last_error = reason
+
+    def mark_up(self) -> None:
+        self.healthy = True
+        self.consecutive_failures = 0
+        self.down_since = None
+        self.last_error = None

@@ -1,0 +1,168 @@
+"""The pool of engines: membership, health checks and load scraping.
+
+The pool owns every Engine's mutable state. Health checks run in one background task; requests
+that fail report back through `report_failure`, so a dead engine leaves rotation at once rather
+than at the next check, and the checker puts it back when it answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import aiohttp
+
+from hiveroute.engines.engine import Engine, EngineSpec
+from hiveroute.engines.prom_text import parse_prometheus_text
+
+log = logging.getLogger("hiveroute.engines")
+
+EngineListener = Callable[[Engine], None]
+
+
+class EnginePool:
+    def __init__(
+        self,
+        specs: Iterable[EngineSpec] = (),
+        *,
+        health_interval_s: float = 2.0,
+        health_timeout_s: float = 2.0,
+        failures_to_down: int = 2,
+    ) -> None:
+        self._engines: dict[str, Engine] = {}
+        self.health_interval_s = health_interval_s
+        self.health_timeout_s = health_timeout_s
+        self.failures_to_down = failures_to_down
+        self._on_added: list[EngineListener] = []
+        self._on_removed: list[EngineListener] = []
+        self._task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        for spec in specs:
+            self.add(spec)
+
+    # membership -----------------------------------------------------------------------------
+
+    @property
+    def engines(self) -> list[Engine]:
+        return list(self._engines.values())
+
+    def get(self, name: str) -> Engine | None:
+        return self._engines.get(name)
+
+    def add(self, spec: EngineSpec) -> Engine:
+        """Add an engine (idempotent by name); listeners hear of new ones."""
+        existing = self._engines.get(spec.name)
+        if existing is not None and existing.spec == spec:
+            return existing
+        engine = Engine(spec=spec)
+        self._engines[spec.name] = engine
+        for listener in self._on_added:
+            listener(engine)
+        return engine
+
+    def remove(self, name: str) -> None:
+        engine = self._engines.pop(name, None)
+        if engine is not None:
+            for listener in self._on_removed:
+                listener(engine)
+
+    def on_added(self, listener: EngineListener) -> None:
+        self._on_added.append(listener)
+
+    def on_removed(self, listener: EngineListener) -> None:
+        self._on_removed.append(listener)
+
+    # selection ------------------------------------------------------------------------------
+
+    def candidates(self, model: str | None) -> list[Engine]:
+        """Healthy engines that serve `model`."""
+        return [e for e in self._engines.values() if e.healthy and e.serves(model)]
+
+    def known_models(self) -> set[str]:
+        models: set[str] = set()
+        for engine in self._engines.values():
+            models |= engine.models
+        return models
+
+    def any_serves(self, model: str) -> bool:
+        """Whether some engine (healthy or not) lists `model`, or no engine has listed any yet."""
+        if not any(e.models for e in self._engines.values()):
+            return True
+        return any(model in e.models for e in self._engines.values())
+
+    # health ---------------------------------------------------------------------------------
+
+    def report_failure(self, engine: Engine, reason: str) -> None:
+        """A request could not reach the engine: take it out now; the checker brings it back."""
+        engine.consecutive_failures += 1
+        if engine.healthy:
+            log.warning("engine %s taken out: %s", engine.name, reason)
+        engine.mark_down(reason)
+
+    def report_success(self, engine: Engine) -> None:
+        engine.consecutive_failures = 0
+
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        """Check every engine once (so the first request sees real health), then keep checking."""
+        self._session = session
+        await self.check_all()
+        self._task = asyncio.create_task(self._loop(), name="engine-health")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            try:
+                await self.check_all()
+            except Exception:  # a bug in one round must not end health checking
+                log.exception("health check round failed")
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(e) for e in list(self._engines.values())))
+
+    async def check(self, engine: Engine) -> None:
+        """One health round for one engine: /health, then /v1/models and /metrics if it is up."""
+        assert self._session is not None, "EnginePool.start() must run before check()"
+        timeout = aiohttp.ClientTimeout(total=self.health_timeout_s)
+        try:
+            async with self._session.get(f"{engine.url}/health", timeout=timeout) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"/health answered {resp.status}")
+            async with self._session.get(f"{engine.url}/v1/models", timeout=timeout) as resp:
+                if resp.status == 200:
+                    payload = await resp.json()
+                    engine.models = {m["id"] for m in payload.get("data", []) if "id" in m}
+            async with self._session.get(f"{engine.url}/metrics", timeout=timeout) as resp:
+                if resp.status == 200:
+                    self._apply_metrics(engine, await resp.text())
+        except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError, KeyError) as exc:
+            reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            engine.consecutive_failures += 1
+            if engine.healthy and engine.consecutive_failures >= self.failures_to_down:
+                log.warning("engine %s is down: %s", engine.name, reason)
+                engine.mark_down(reason)
+            return
+        if not engine.healthy:
+            log.info("engine %s is back", engine.name)
+        engine.mark_up()
+
+    @staticmethod
+    def _apply_metrics(engine: Engine, text: str) -> None:
+        values = parse_prometheus_text(text)
+        load = engine.load
+        load.running = values.get("vllm:num_requests_running", load.running)
+        load.waiting = values.get("vllm:num_requests_waiting", load.waiting)
+        usage = values.get("vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc"))
+        if usage is not None:
+            load.kv_usage = usage
+        load.scraped_at = time.monotonic()
+        load.in_flight_at_scrape = load.in_flight

@@ -1,0 +1,92 @@
+"""The Router: owns the pool, the policy, the metrics and the HTTP client, and their lifecycle.
+
+Later parts (the KV index, the workflow registry, keep-warm) plug in as components with a
+start and a stop, and as request hooks that see each request before routing and after it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import aiohttp
+
+from hiveroute.config import RouterConfig
+from hiveroute.engines.pool import EnginePool
+from hiveroute.observability.metrics import RouterMetrics
+from hiveroute.routing.base import RequestOutcome, RoutingRequest
+from hiveroute.routing.policy import Policy
+from hiveroute.routing.registry import PluginContext, build_policy
+
+log = logging.getLogger("hiveroute.router")
+
+
+class Component(Protocol):
+    """Something with a lifetime tied to the router's (an event subscriber, a keep-warm loop)."""
+
+    async def start(self, router: Router) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class RequestHook(Protocol):
+    """Sees every request before routing and after it ends.
+
+    `before_route` may replace `request.body` (a new dict, never mutated in place) to rewrite
+    what the engine receives, or raise a HiverouteError to refuse the request.
+    """
+
+    async def before_route(self, request: RoutingRequest) -> None: ...
+
+    def after_complete(self, request: RoutingRequest, outcome: RequestOutcome) -> None: ...
+
+
+class Router:
+    def __init__(
+        self,
+        config: RouterConfig,
+        *,
+        pool: EnginePool | None = None,
+        services: dict[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.pool = pool or EnginePool(
+            config.engine_specs, health_interval_s=config.health_interval_s
+        )
+        self.metrics = RouterMetrics()
+        self.services: dict[str, Any] = services if services is not None else {}
+        self.components: list[Component] = []
+        self.request_hooks: list[RequestHook] = []
+        self.policy: Policy = build_policy(
+            config.policy, PluginContext(self.pool, self.services), config.policies
+        )
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("Router.start() has not run")
+        return self._session
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        await self.pool.start(self._session)
+        for component in self.components:
+            await component.start(self)
+        log.info(
+            "router started with policy %s and %d engine(s)",
+            self.policy.name,
+            len(self.pool.engines),
+        )
+
+    async def stop(self) -> None:
+        for component in reversed(self.components):
+            try:
+                await component.stop()
+            except Exception:
+                log.exception("component failed to stop cleanly")
+        await self.pool.stop()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

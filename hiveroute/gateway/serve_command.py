@@ -1,0 +1,31 @@
+"""`hiveroute serve`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from hiveroute.config import RouterConfig, add_config_arguments, load_config
+from hiveroute.gateway.access_log import configure_logging
+from hiveroute.gateway.server import serve
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, RouterConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    config: RouterConfig = load_config(args, cls=RouterConfig)
+    configure_logging(config.log_level)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:
+        print(f"hiveroute serve: {exc}")
+        return 1
+    return 0

@@ -1,0 +1,85 @@
+"""Running the router: on a port, with its engines, until told to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from hiveroute.config import RouterConfig
+from hiveroute.engines.pool import EnginePool
+from hiveroute.gateway.app import build_app
+from hiveroute.gateway.router import Router
+
+log = logging.getLogger("hiveroute.server")
+
+
+@dataclass
+class RunningRouter:
+    router: Router
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_router(
+    config: RouterConfig, *, pool: EnginePool | None = None, router: Router | None = None
+) -> RunningRouter:
+    """Start a router on config.host:config.port (port 0 picks a free one)."""
+    router = router or Router(config, pool=pool)
+    app = build_app(router)
+    # handler_cancellation: a client that disconnects cancels its handler, which closes the
+    # upstream connection, which makes the engine abort the request.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise OSError(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
+    port = config.port
+    for address in runner.addresses:  # the bound (host, port) pairs; port 0 becomes real here
+        port = address[1]
+        break
+    return RunningRouter(router=router, runner=runner, host=config.host, port=port)
+
+
+async def wait_for_shutdown_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def serve(config: RouterConfig) -> None:
+    """`hiveroute serve`: the router in front of the configured engines, or embedded ones."""
+    fleet = None
+    if not config.engine:
+        from hiveroute.sim.embedded import start_embedded_engines
+
+        fleet, specs = await start_embedded_engines(config.embedded_engines)
+        config.engine = [spec_text for spec_text in specs]
+        log.info("no engine configured: started %d embedded simulated engines", len(specs))
+    running = await start_router(config)
+    log.info("hiveroute listening on %s (policy %s)", running.url, running.router.policy.name)
+    try:
+        await wait_for_shutdown_signal()
+    finally:
+        await running.stop()
+        if fleet is not None:
+            await fleet.stop()

@@ -1,0 +1,119 @@
+"""The small interfaces every routing plugin implements.
+
+A routing decision runs in one cycle: filters narrow the candidate engines, each scorer gives
+every remaining engine a score in [0, 1], the policy adds the scores up with their weights, and
+the picker chooses. Plugins share intermediate results (token ids, prefix matches) through the
+per-request CycleState so nothing is computed twice. After the request, plugins hear how it went
+(`on_routed`, `on_completed`), which is how the `prefix` and `kv` policies learn.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from hiveroute.engines.engine import Engine
+from hiveroute.metadata import RequestMetadata
+
+
+class ScorerCategory(enum.Enum):
+    """What a scorer trades for: where state already is, or spreading the load."""
+
+    AFFINITY = "affinity"
+    DISTRIBUTION = "distribution"
+    BALANCE = "balance"
+
+
+@dataclass
+class RoutingRequest:
+    """What a policy may look at: the cleaned body, its metadata, and the endpoint path."""
+
+    request_id: str
+    path: str  # "/v1/completions" or "/v1/chat/completions"
+    body: dict[str, Any]
+    metadata: RequestMetadata
+    tenant: str | None = None
+
+    @property
+    def model(self) -> str | None:
+        model = self.body.get("model")
+        return model if isinstance(model, str) else None
+
+    @property
+    def is_chat(self) -> bool:
+        return self.path.endswith("/chat/completions")
+
+
+class CycleState(dict[str, Any]):
+    """Scratch space for one routing cycle: what one plugin computed for another."""
+
+
+@dataclass
+class Decision:
+    """The chosen engine, why, and every engine's total score (for logs and metrics)."""
+
+    engine: Engine
+    reason: str
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RequestOutcome:
+    """How a routed request went, as the gateway measured it."""
+
+    engine: Engine
+    status: int
+    ttft_s: float | None = None
+    duration_s: float = 0.0
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status < 400 and self.error is None
+
+
+class Plugin:
+    """Base of every plugin: a name and optional feedback hooks (no-ops by default)."""
+
+    name: str = "plugin"
+
+    async def prepare(self, request: RoutingRequest, state: CycleState) -> None:
+        """Async work before the (synchronous) decision, e.g. tokenizing the prompt."""
+
+    def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
+        """The request was sent to `engine` (may be called again on a retry)."""
+
+    def on_completed(
+        self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
+    ) -> None:
+        """The request finished (successfully or not)."""
+
+
+class Filter(Plugin):
+    def filter(
+        self, request: RoutingRequest, candidates: list[Engine], state: CycleState
+    ) -> list[Engine]:
+        """Return the candidates still allowed; returning none means none of them may serve."""
+        raise NotImplementedError
+
+
+class Scorer(Plugin):
+    category: ScorerCategory = ScorerCategory.DISTRIBUTION
+
+    def score(
+        self, request: RoutingRequest, candidates: list[Engine], state: CycleState
+    ) -> dict[str, float]:
+        """A score in [0, 1] per engine name; higher is better."""
+        raise NotImplementedError
+
+
+class Picker(Plugin):
+    def pick(
+        self, request: RoutingRequest, ranked: list[tuple[Engine, float]], state: CycleState
+    ) -> Engine:
+        """Choose one engine from (engine, total score) pairs, best first."""
+        raise NotImplementedError

@@ -1,0 +1,89 @@
+"""A policy: filters, weighted scorers and a picker, run as one routing cycle."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hiveroute.engines.engine import Engine
+from hiveroute.errors import NoEngineAvailable
+from hiveroute.routing.base import (
+    CycleState,
+    Decision,
+    Filter,
+    Picker,
+    Plugin,
+    RequestOutcome,
+    RoutingRequest,
+    Scorer,
+)
+
+REASON_KEY = "reason"
+
+
+@dataclass
+class WeightedScorer:
+    scorer: Scorer
+    weight: float = 1.0
+
+
+class Policy:
+    """Runs one routing cycle. Plugins record why they decided under `state["reason"]`."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        filters: Sequence[Filter] = (),
+        scorers: Sequence[WeightedScorer] = (),
+        picker: Picker,
+        default_reason: str = "best_score",
+    ) -> None:
+        self.name = name
+        self.filters = list(filters)
+        self.scorers = list(scorers)
+        self.picker = picker
+        self.default_reason = default_reason
+
+    @property
+    def plugins(self) -> list[Plugin]:
+        return [*self.filters, *(w.scorer for w in self.scorers), self.picker]
+
+    async def prepare(self, request: RoutingRequest, state: CycleState) -> None:
+        for plugin in self.plugins:
+            await plugin.prepare(request, state)
+
+    def choose(
+        self, request: RoutingRequest, candidates: list[Engine], state: CycleState
+    ) -> Decision:
+        if not candidates:
+            raise NoEngineAvailable("no healthy engine can serve this request; try again shortly")
+        remaining = candidates
+        for f in self.filters:
+            remaining = f.filter(request, remaining, state)
+            if not remaining:
+                raise NoEngineAvailable(
+                    f"no engine passed the {f.name!r} filter of policy {self.name!r}"
+                )
+        totals = {e.name: 0.0 for e in remaining}
+        for weighted in self.scorers:
+            if weighted.weight == 0:
+                continue
+            scores = weighted.scorer.score(request, remaining, state)
+            for name in totals:
+                totals[name] += weighted.weight * scores.get(name, 0.0)
+        ranked = sorted(remaining, key=lambda e: totals[e.name], reverse=True)
+        engine = self.picker.pick(request, [(e, totals[e.name]) for e in ranked], state)
+        return Decision(
+            engine=engine, reason=state.get(REASON_KEY, self.default_reason), scores=totals
+        )
+
+    def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
+        for plugin in self.plugins:
+            plugin.on_routed(request, engine, state)
+
+    def on_completed(
+        self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
+    ) -> None:
+        for plugin in self.plugins:
+            plugin.on_completed(request, outcome, state)

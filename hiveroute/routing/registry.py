@@ -1,0 +1,116 @@
+"""Building policies by name or from YAML.
+
+Every policy, built-in or user-defined, is a spec: a list of filters, weighted scorers and a
+picker, each named with its parameters. Built-in policies are specs like any other, so a user
+can copy one into the config file and change a weight:
+
+    policies:
+      sticky_but_fair:
+        scorers:
+          - {name: session_affinity, weight: 1.0, load_factor: 1.1}
+          - {name: load, weight: 0.05}
+        picker: max_score
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from hiveroute.engines.pool import EnginePool
+from hiveroute.errors import ConfigError
+from hiveroute.routing.base import Filter, Picker, Plugin, Scorer
+from hiveroute.routing.pickers import MaxScorePicker, RoundRobinPicker
+from hiveroute.routing.policy import Policy, WeightedScorer
+from hiveroute.routing.scorers import LoadScorer, SessionAffinityScorer
+
+
+@dataclass
+class PluginContext:
+    """What plugin factories may use: the pool and the router's shared services."""
+
+    pool: EnginePool
+    services: dict[str, Any] = field(default_factory=dict)
+
+
+T = TypeVar("T")
+PluginFactory = Callable[..., Plugin]
+
+PLUGINS: dict[str, PluginFactory] = {
+    "round_robin": lambda ctx: RoundRobinPicker(),
+    "max_score": lambda ctx: MaxScorePicker(),
+    "load": lambda ctx: LoadScorer(),
+    "session_affinity": lambda ctx, **kw: SessionAffinityScorer(**kw),
+}
+
+BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
+    "round_robin": {"picker": "round_robin", "default_reason": "round_robin"},
+    "least_load": {
+        "scorers": [{"name": "load"}],
+        "picker": "max_score",
+        "default_reason": "least_load",
+    },
+    "session": {
+        "scorers": [
+            {"name": "session_affinity", "weight": 1.0},
+            {"name": "load", "weight": 0.01},
+        ],
+        "picker": "max_score",
+    },
+}
+
+
+def _build_plugin(spec: Any, ctx: PluginContext, where: str) -> Plugin:
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+        raise ConfigError(f"{where}: expected a plugin name or {{name: ..., ...}}, got {spec!r}")
+    params = {k: v for k, v in spec.items() if k not in ("name", "weight")}
+    factory = PLUGINS.get(spec["name"])
+    if factory is None:
+        raise ConfigError(
+            f"{where}: unknown plugin {spec['name']!r}; known: {', '.join(sorted(PLUGINS))}"
+        )
+    try:
+        return factory(ctx, **params)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: bad parameters for plugin {spec['name']!r}: {exc}") from None
+
+
+def build_policy(
+    name: str, ctx: PluginContext, custom: Mapping[str, Mapping[str, Any]] | None = None
+) -> Policy:
+    """Build policy `name` from the user's specs first, then the built-ins."""
+    specs = {**BUILTIN_POLICIES, **(custom or {})}
+    spec = specs.get(name)
+    if spec is None:
+        raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(sorted(specs))}")
+    where = f"policy {name!r}"
+    filters = [_build_plugin(s, ctx, f"{where} filters") for s in spec.get("filters", [])]
+    scorers: list[WeightedScorer] = []
+    for s in spec.get("scorers", []):
+        weight = float(s.get("weight", 1.0)) if isinstance(s, Mapping) else 1.0
+        scorers.append(
+            WeightedScorer(_check(_build_plugin(s, ctx, f"{where} scorers"), Scorer, where), weight)
+        )
+    picker = _check(
+        _build_plugin(spec.get("picker", "max_score"), ctx, f"{where} picker"), Picker, where
+    )
+    return Policy(
+        name,
+        filters=[_check(f, Filter, where) for f in filters],
+        scorers=scorers,
+        picker=picker,
+        default_reason=str(spec.get("default_reason", "best_score")),
+    )
+
+
+def _check(plugin: Plugin, kind: type[T], where: str) -> T:
+    if not isinstance(plugin, kind):
+        raise ConfigError(f"{where}: plugin {plugin.name!r} is not a {kind.__name__}")
+    return plugin
+
+
+def policy_names(custom: Mapping[str, Any] | None = None) -> list[str]:
+    return sorted({*BUILTIN_POLICIES, *(custom or {})})
