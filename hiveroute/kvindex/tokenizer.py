@@ -1,0 +1,216 @@
+"""Tokenizing requests exactly as the engine does.
+
+Two implementations behind one interface:
+
+- `BuiltinTokenizer`: fast and deterministic, no files needed; the simulator's default. Words,
+  runs of spaces and single punctuation marks are tokens, so appending text never changes the
+  tokens of what came before (prefix-stable, as the cache needs).
+- `HFTokenizer`: a model's `tokenizer.json` (HuggingFace `tokenizers`) and its chat template,
+  rendered in a sandboxed jinja2 environment as vLLM does, so ids equal the engine's.
+
+`load_tokenizer(None)` gives the built-in one; `load_tokenizer(DIR)` the model's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from hiveroute.errors import BadRequest, ConfigError
+
+Message = dict[str, Any]
+
+
+class Tokenizer(Protocol):
+    name: str
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(
+        self, messages: list[Message], *, add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str: ...
+
+
+def message_text(content: Any) -> str:
+    """The text of a chat message's content: a string, or the text parts of a list of parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                texts.append(str(part.get("text", "")))
+            elif isinstance(part, str):
+                texts.append(part)
+        return "\n".join(texts)
+    raise BadRequest(
+        "message content must be a string or a list of content parts", param="messages"
+    )
+
+
+def prompt_token_ids(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> list[int]:
+    """The prompt token ids an engine computes for this request (completions or chat)."""
+    if path.endswith("/chat/completions"):
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise BadRequest("'messages' must be a list", param="messages")
+        text = tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+            tools=body.get("tools"),
+        )
+        return tokenizer.encode(text, add_special_tokens=False)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt, add_special_tokens=True)
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return [int(t) for t in prompt]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return tokenizer.encode(prompt[0], add_special_tokens=True)
+    raise BadRequest("'prompt' must be a string or a list of token ids", param="prompt")
+
+
+# --- built-in ------------------------------------------------------------------------------
+
+_PIECE = re.compile(r"\s+|\w+|[^\w\s]", re.UNICODE)
+BUILTIN_VOCAB = 32000
+BUILTIN_SPECIAL = {"<s>": 1, "</s>": 2}
+_FIRST_ID = 16  # ids below are reserved for special tokens
+
+
+class BuiltinTokenizer:
+    """A deterministic tokenizer that needs no files: each piece hashes to an id.
+
+    Ids remember their piece for decoding text the same tokenizer produced (the simulator's
+    output); pieces never seen decode to a placeholder.
+    """
+
+    name = "builtin"
+
+    def __init__(self, vocab_size: int = BUILTIN_VOCAB) -> None:
+        self.vocab_size = vocab_size
+        self._ids: dict[str, int] = {}
+        self._pieces: dict[int, str] = {}
+
+    def _piece_id(self, piece: str) -> int:
+        found = self._ids.get(piece)
+        if found is not None:
+            return found
+        digest = hashlib.blake2b(piece.encode(), digest_size=4).digest()
+        token = _FIRST_ID + int.from_bytes(digest, "big") % (self.vocab_size - _FIRST_ID)
+        if len(self._ids) < 1_000_000:  # bounded memo
+            self._ids[piece] = token
+            self._pieces.setdefault(token, piece)
+        return token
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        ids = [BUILTIN_SPECIAL["<s>"]] if add_special_tokens else []
+        ids.extend(self._piece_id(m.group()) for m in _PIECE.finditer(text))
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self._pieces.get(i, "") for i in ids if i >= _FIRST_ID)
+
+    def apply_chat_template(
+        self, messages: list[Message], *, add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        parts = ["<s>"]
+        for message in messages:
+            role = str(message.get("role", "user"))
+            parts.append(f"<|{role}|>\n{message_text(message.get('content'))}\n")
+        if add_generation_prompt:
+            parts.append("<|assistant|>\n")
+        return "".join(parts)
+
+
+# --- a model's tokenizer.json ------------------------------------------------------------
+
+
+def _load_chat_template(directory: Path, config: dict[str, Any]) -> str | None:
+    jinja = directory / "chat_template.jinja"
+    if jinja.exists():
+        return jinja.read_text()
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: take "default"
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    return template if isinstance(template, str) else None
+
+
+def _special_token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class HFTokenizer:
+    """A model's `tokenizer.json` and chat template, as vLLM loads them."""
+
+    def __init__(self, directory: str | Path) -> None:
+        from tokenizers import Tokenizer as RustTokenizer
+
+        self.directory = Path(directory)
+        path = self.directory / "tokenizer.json"
+        if not path.exists():
+            raise ConfigError(f"no tokenizer.json in {self.directory}")
+        self._tok = RustTokenizer.from_file(str(path))
+        config_path = self.directory / "tokenizer_config.json"
+        config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.exists() else {}
+        self.name = str(self.directory)
+        self.bos_token = _special_token_text(config.get("bos_token"))
+        self.eos_token = _special_token_text(config.get("eos_token"))
+        self.chat_template = _load_chat_template(self.directory, config)
+        self._compiled: Any = None
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=True))
+
+    def _template(self) -> Any:
+        if self._compiled is None:
+            if self.chat_template is None:
+                raise BadRequest(
+                    f"the tokenizer in {self.directory} has no chat template; use /v1/completions"
+                )
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+            def raise_exception(message: str) -> None:
+                raise BadRequest(f"chat template: {message}")
+
+            env.globals["raise_exception"] = raise_exception
+            env.filters["tojson"] = lambda v, indent=None: json.dumps(
+                v, ensure_ascii=False, indent=indent
+            )
+            self._compiled = env.from_string(self.chat_template)
+        return self._compiled
+
+    def apply_chat_template(
+        self, messages: list[Message], *, add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        context = {
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token or "",
+            "eos_token": self.eos_token or "",
+            **{k: v for k, v in kwargs.items() if v is not None},
+        }
+        return str(self._template().render(**context))
+
+
+def load_tokenizer(directory: str | Path | None) -> Tokenizer:
+    """The built-in tokenizer for None, else the model's tokenizer in `directory`."""
+    if directory is None or str(directory) in ("", "builtin"):
+        return BuiltinTokenizer()
+    return HFTokenizer(directory)
