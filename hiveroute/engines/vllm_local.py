@@ -156,7 +156,7 @@ class VllmServer:
     replay_port: int = 0
     served_model_name: str = "tiny"
     max_model_len: int = 8192
-    kv_cache_gib: float = 1.0
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE takes whole GiB
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     hash_seed: str = "0"

@@ -19,7 +19,7 @@ from hiveroute.errors import error_body
 from hiveroute.gateway.usage import StreamTail, Usage, usage_from_json_bytes
 
 # Headers passed from the client to the engine; everything else is the router's business.
-FORWARD_REQUEST_HEADERS = ("authorization", "traceparent", "tracestate", "baggage", "x-request-id")
+FORWARD_REQUEST_HEADERS = ("authorization", "traceparent", "tracestate", "baggage")
 # Headers never copied from the engine's response (hop-by-hop or recomputed by aiohttp).
 DROP_RESPONSE_HEADERS = {
     "content-length",
