@@ -55,6 +55,40 @@ class RouterConfig:
     )
     request_timeout_s: float = _opt("seconds a whole request may take", 600.0)
     retries: int = _opt("retries on another engine when one cannot be reached", 1)
+    max_in_flight: int = _opt("requests the router serves at once; more wait in the queue", 4096)
+    admission_queue_depth: int = _opt("requests that may wait for a slot; more get 429", 4096)
+    admission_timeout_s: float = _opt("seconds a request may wait for a slot before 429", 30.0)
+    api_keys: dict[str, Any] = _opt(
+        "client API keys, mapping key to tenant (JSON on the CLI); none: no client auth", {}
+    )
+    api_keys_file: str | None = _opt("YAML or JSON file mapping client API keys to tenants", None)
+    admin_key: str | None = _opt("key for the control API and /dashboard across tenants", None)
+    salt_secret: str | None = _opt(
+        "secret from which per-tenant cache_salt values are derived (random if unset; set it "
+        "on every replica so they agree)",
+        None,
+    )
+    engine_api_key: str | None = _opt("API key the router sends to engines", None)
+
+    def client_api_keys(self) -> dict[str, str]:
+        """Client keys (key -> tenant) from `api_keys` and `api_keys_file` together."""
+        keys = {str(k): str(v) for k, v in self.api_keys.items()}
+        if self.api_keys_file:
+            try:
+                loaded = yaml.safe_load(Path(self.api_keys_file).read_text()) or {}
+            except (OSError, yaml.YAMLError) as exc:
+                raise ConfigError(
+                    f"cannot read api_keys_file {self.api_keys_file}: {exc}"
+                ) from None
+            if not isinstance(loaded, dict):
+                raise ConfigError(f"api_keys_file {self.api_keys_file} must map keys to tenants")
+            keys.update({str(k): str(v) for k, v in loaded.items()})
+        for key, tenant in keys.items():
+            if len(key) < 8 or not tenant:
+                raise ConfigError("every API key needs 8 or more characters and a tenant name")
+        if self.admin_key is not None and self.admin_key in keys:
+            raise ConfigError("the admin key must differ from every client key")
+        return keys
 
     @property
     def engine_specs(self) -> list[Any]:
@@ -71,6 +105,11 @@ class RouterConfig:
             raise ConfigError(f"unknown log level {self.log_level!r}")
         if self.retries < 0:
             raise ConfigError("retries must be 0 or more")
+        if self.max_in_flight <= 0 or self.admission_queue_depth < 0:
+            raise ConfigError("max_in_flight must be positive and admission_queue_depth 0 or more")
+        if self.admission_timeout_s <= 0:
+            raise ConfigError("admission_timeout_s must be positive")
+        self.client_api_keys()  # loads and checks the key file
         self.engine_specs  # noqa: B018 - parses each spec, raising ConfigError on a bad one
         return self
 

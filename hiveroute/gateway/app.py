@@ -100,7 +100,8 @@ async def handle_metrics(request: web.Request) -> web.Response:
 def build_app(router: Router) -> web.Application:
     # The body limit is enforced by read_body (413 with a clear message); this is a backstop.
     app = web.Application(
-        middlewares=[errors_as_json], client_max_size=router.config.max_body_bytes + 1024
+        middlewares=[errors_as_json, router.auth.middleware()],
+        client_max_size=router.config.max_body_bytes + 1024,
     )
     app[ROUTER_KEY] = router
     app.router.add_post("/v1/completions", handle_completion)

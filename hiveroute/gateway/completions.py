@@ -8,8 +8,9 @@ import uuid
 
 from aiohttp import web
 
-from hiveroute.errors import NoEngineAvailable, NotFound
+from hiveroute.errors import NoEngineAvailable, NotFound, TooManyRequests
 from hiveroute.gateway.access_log import log_request
+from hiveroute.gateway.auth import principal_of
 from hiveroute.gateway.body import check_openai_fields, parse_json_object, read_body
 from hiveroute.gateway.proxy import (
     EngineUnreachable,
@@ -33,6 +34,15 @@ def status_class(status: int) -> str:
 
 async def handle_completion(request: web.Request) -> web.StreamResponse:
     router = request.app[ROUTER_KEY]
+    try:
+        async with router.admission.admit():
+            return await _route_and_relay(router, request)
+    except TooManyRequests:
+        router.metrics.rejected.labels("overloaded").inc()
+        raise
+
+
+async def _route_and_relay(router: Router, request: web.Request) -> web.StreamResponse:
     config = router.config
     started = time.perf_counter()
     request_id = request.headers.get("X-Request-Id") or f"hr-{uuid.uuid4().hex}"
@@ -41,12 +51,11 @@ async def handle_completion(request: web.Request) -> web.StreamResponse:
     body = parse_json_object(raw)
     check_openai_fields(body, chat=path.endswith("/chat/completions"))
     metadata, clean = extract_metadata(body, request.headers)
+    tenant = principal_of(request).tenant
+    if tenant is not None:  # tenants never share KV blocks (see gateway/auth.py)
+        clean = {**clean, "cache_salt": router.auth.cache_salt(tenant)}
     routing_request = RoutingRequest(
-        request_id=request_id,
-        path=path,
-        body=clean,
-        metadata=metadata,
-        tenant=request.get("tenant"),
+        request_id=request_id, path=path, body=clean, metadata=metadata, tenant=tenant
     )
     model = routing_request.model
     if model is not None and not router.pool.any_serves(model):
@@ -59,7 +68,12 @@ async def handle_completion(request: web.Request) -> web.StreamResponse:
         await hook.before_route(routing_request)
     stream = bool(routing_request.body.get("stream"))
     payload = raw if routing_request.body is body else json.dumps(routing_request.body).encode()
-    headers = upstream_headers(request, request_id)
+    headers = upstream_headers(
+        request,
+        request_id,
+        forward_authorization=not router.auth.enabled,
+        engine_api_key=config.engine_api_key,
+    )
     state = CycleState()
     policy = router.policy
     await policy.prepare(routing_request, state)

@@ -106,12 +106,23 @@ async def send_upstream(
     return answer
 
 
-def upstream_headers(incoming: web.BaseRequest, request_id: str) -> dict[str, str]:
+def upstream_headers(
+    incoming: web.BaseRequest,
+    request_id: str,
+    *,
+    forward_authorization: bool = True,
+    engine_api_key: str | None = None,
+) -> dict[str, str]:
+    """Headers for the engine. The client's key is not forwarded when the router checks keys."""
     headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
     for name in FORWARD_REQUEST_HEADERS:
+        if name == "authorization" and not forward_authorization:
+            continue
         value = incoming.headers.get(name)
         if value is not None:
             headers[name] = value
+    if engine_api_key:
+        headers["authorization"] = f"Bearer {engine_api_key}"
     headers["X-Request-Id"] = request_id
     return headers
 

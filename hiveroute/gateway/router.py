@@ -13,6 +13,8 @@ import aiohttp
 
 from hiveroute.config import RouterConfig
 from hiveroute.engines.pool import EnginePool
+from hiveroute.gateway.admission import AdmissionController
+from hiveroute.gateway.auth import Authenticator
 from hiveroute.observability.metrics import RouterMetrics
 from hiveroute.routing.base import RequestOutcome, RoutingRequest
 from hiveroute.routing.policy import Policy
@@ -54,6 +56,10 @@ class Router:
             config.engine_specs, health_interval_s=config.health_interval_s
         )
         self.metrics = RouterMetrics()
+        self.admission = AdmissionController(
+            config.max_in_flight, config.admission_queue_depth, config.admission_timeout_s
+        )
+        self.auth = Authenticator(config.client_api_keys(), config.admin_key, config.salt_secret)
         self.services: dict[str, Any] = services if services is not None else {}
         self.components: list[Component] = []
         self.request_hooks: list[RequestHook] = []
