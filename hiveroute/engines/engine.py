@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from urllib.parse import urlsplit
 
 from hiveroute.errors import ConfigError
@@ -40,7 +41,7 @@ class EngineSpec:
             options[key] = value
         return cls(url=url, events=options.get("events"), replay=options.get("replay"))
 
-    @property
+    @cached_property
     def name(self) -> str:
         """A short stable name (``host:port``), used as the ``engine`` metric label."""
         split = urlsplit(self.url)
@@ -85,7 +86,7 @@ class Engine:
 
     @property
     def name(self) -> str:
-        return self.spec.name
+        return self.spec.name  # computed once per spec
 
     @property
     def url(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -43,16 +44,24 @@ def usage_from_json_bytes(data: bytes) -> Usage | None:
 
 
 class StreamTail:
-    """Keeps the last bytes of an SSE stream, where vLLM puts its usage chunk."""
+    """Keeps the last chunks of an SSE stream, where vLLM puts its usage chunk.
+
+    Runs once per relayed chunk, so it only appends a reference; bytes are joined at the end.
+    """
 
     def __init__(self) -> None:
-        self._tail = b""
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
 
     def feed(self, chunk: bytes) -> None:
-        self._tail = (self._tail + chunk)[-TAIL_BYTES:]
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        while self._size - len(self._chunks[0]) >= TAIL_BYTES:
+            self._size -= len(self._chunks.popleft())
 
     def usage(self) -> Usage | None:
-        for line in reversed(self._tail.split(b"\n")):
+        tail = b"".join(self._chunks)
+        for line in reversed(tail.split(b"\n")):
             line = line.strip()
             if line.startswith(b"data:") and b'"usage"' in line:
                 found = usage_from_json_bytes(line[5:].strip())
