@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+from aiohttp.http_exceptions import HttpProcessingError
+
 ACCESS_LOGGER = "hiveroute.access"
 
 
@@ -28,6 +30,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class MalformedHttpFilter(logging.Filter):
+    """aiohttp logs a full traceback for every malformed request; one line is enough.
+
+    Otherwise any client can fill the log with stack traces by sending garbage.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], HttpProcessingError):
+            record.msg = f"{record.getMessage()}: {record.exc_info[1]!s}".replace("\n", " ")
+            record.args = ()
+            record.exc_info = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
 def configure_logging(level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
@@ -35,6 +52,9 @@ def configure_logging(level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, MalformedHttpFilter) for f in server_log.filters):
+        server_log.addFilter(MalformedHttpFilter())
 
 
 def log_request(fields: dict[str, Any]) -> None:
