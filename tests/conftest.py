@@ -77,3 +77,14 @@ def vllm_server(tiny_model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Any) -> Any:
+    """A real redis-server on a free port, stopped after the test."""
+    from tests.support.services import RedisServer
+
+    server = RedisServer(workdir=tmp_path)
+    server.start()
+    yield server
+    server.stop()
