@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from hiveroute.config import RouterConfig
+from hiveroute.engines.discovery import build_discovery
 from hiveroute.engines.pool import EnginePool
 from hiveroute.gateway.admission import AdmissionController
 from hiveroute.gateway.auth import Authenticator
@@ -62,6 +63,9 @@ class Router:
         self.auth = Authenticator(config.client_api_keys(), config.admin_key, config.salt_secret)
         self.services: dict[str, Any] = services if services is not None else {}
         self.components: list[Component] = []
+        discovery = build_discovery(config)
+        if discovery is not None:
+            self.components.append(discovery)
         self.request_hooks: list[RequestHook] = []
         self.policy: Policy = build_policy(
             config.policy, PluginContext(self.pool, self.services), config.policies
