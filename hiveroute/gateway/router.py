@@ -82,8 +82,12 @@ class Router:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         await self.pool.start(self._session)
-        for component in self.components:
-            await component.start(self)
+        for index, component in enumerate(self.components):
+            try:
+                await component.start(self)
+            except BaseException:  # undo what started, so a failed start leaks nothing
+                await self._shutdown(self.components[:index])
+                raise
         log.info(
             "router started with policy %s and %d engine(s)",
             self.policy.name,
@@ -91,7 +95,10 @@ class Router:
         )
 
     async def stop(self) -> None:
-        for component in reversed(self.components):
+        await self._shutdown(self.components)
+
+    async def _shutdown(self, components: list[Component]) -> None:
+        for component in reversed(components):
             try:
                 await component.stop()
             except Exception:

@@ -304,3 +304,13 @@ def test_settings_from_environment() -> None:
         0,
     )
     assert config.state == "rediss://cache.internal:6380/2"
+
+
+async def test_router_that_cannot_start_discovery_leaks_nothing(tmp_path: Path) -> None:
+    config = load_config(
+        {"discovery": "kubernetes", "k8s_kubeconfig": str(tmp_path / "absent")}, env={}
+    )
+    router = Router(config)
+    with pytest.raises(ConfigError, match="cannot load credentials"):
+        await router.start()
+    assert router._session is None  # the HTTP session was closed, the pool stopped
