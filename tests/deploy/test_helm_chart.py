@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from kubernetes import client
 
 from hiveroute.config import RouterConfig, load_config
 from hiveroute.engines.engine import EngineSpec
+from hiveroute.engines.vllm_local import vllm_python
 from tests.deploy.k8s_schema import SchemaError, validate, validate_service_monitor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -230,8 +232,13 @@ def test_several_replicas_in_memory_warn() -> None:
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"discovery": {"mode": "dns"}}, "discovery.mode must be kubernetes or static"),
+        ({"discovery": {"mode": "dns"}}, "/discovery/mode"),
         ({"discovery": {"mode": "static"}}, "needs discovery.staticEngines"),
+        ({"discovery": {"mod": "static"}}, "additional properties 'mod' not allowed"),
+        ({"discovery": {"eventsPort": "5557"}}, "/discovery/eventsPort"),
+        ({"discovery": {"port": 0}}, "/discovery/port"),
+        ({"redis": {"externalUrl": "http://cache:6379"}}, "/redis/externalUrl"),
+        ({"routr": {}}, "additional properties 'routr' not allowed"),
         (
             {"engine": {"enabled": True}, "discovery": {"labelSelector": "tier in (a,b)"}},
             "key=value terms",
@@ -297,3 +304,51 @@ def test_the_validator_rejects_what_the_api_would() -> None:
         validate(missing)
     with pytest.raises(SchemaError, match="not a DNS label"):
         validate({**good, "metadata": {"name": "Bad_Name"}})
+
+
+PARSE_WITH_VLLM = """
+import json, sys
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:
+    from vllm.utils import FlexibleArgumentParser
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+ns = make_arg_parser(FlexibleArgumentParser()).parse_args(json.loads(sys.argv[1]))
+kv = ns.kv_events_config
+print(json.dumps({
+    "model": ns.model_tag, "port": ns.port, "prefix_caching": ns.enable_prefix_caching,
+    "prompt_tokens_details": ns.enable_prompt_tokens_details,
+    "kv_events": kv.enable_kv_cache_events, "endpoint": kv.endpoint,
+    "replay": kv.replay_endpoint, "topic": kv.topic, "publisher": kv.publisher,
+}))
+"""
+
+
+@pytest.mark.realvllm
+def test_example_engine_args_parse_with_real_vllm() -> None:
+    """The chart's `vllm serve` arguments are ones real vLLM accepts, with the meaning we want."""
+    objects, _ = render(EVERYTHING_ON)
+    vllm = one(objects, "Deployment", "hr-hiveroute-engine")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert vllm["command"] == ["vllm", "serve"]
+    done = subprocess.run(
+        [str(vllm_python()), "-c", PARSE_WITH_VLLM, json.dumps(vllm["args"])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    parsed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert parsed == {
+        "model": "Qwen/Qwen2.5-1.5B-Instruct",
+        "port": 8000,
+        "prefix_caching": True,
+        "prompt_tokens_details": True,
+        "kv_events": True,
+        "endpoint": "tcp://*:5557",
+        "replay": "tcp://*:5558",
+        "topic": "kv-events",
+        "publisher": "zmq",
+    }
