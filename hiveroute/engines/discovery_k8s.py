@@ -125,6 +125,7 @@ class PodWatcher:
         watch_timeout_s: int = 300,
         connect_timeout_s: float = 5.0,
         backoff: Backoff | None = None,
+        page_size: int = 500,
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -134,6 +135,7 @@ class PodWatcher:
         self.watch_timeout_s = watch_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.backoff = backoff or Backoff()
+        self.page_size = page_size
         self.last_error: str | None = None
         self.lists = 0
         self._stop = threading.Event()
@@ -200,7 +202,7 @@ class PodWatcher:
         pods: list[Pod] = []
         token: str | None = None
         for _page in range(10_000):
-            kwargs: dict[str, Any] = {"limit": 500}
+            kwargs: dict[str, Any] = {"limit": self.page_size}
             if token:
                 kwargs["_continue"] = token
             response = self._request(**kwargs)
@@ -311,6 +313,7 @@ class KubernetesDiscovery:
         initial_sync_timeout_s: float = 10.0,
         watch_timeout_s: int = 300,
         backoff: Backoff | None = None,
+        page_size: int = 500,
     ) -> None:
         self.namespace = namespace
         self.label_selector = label_selector
@@ -321,6 +324,7 @@ class KubernetesDiscovery:
         self.watch_timeout_s = watch_timeout_s
         self._api = api
         self._backoff = backoff
+        self.page_size = page_size
         self._owned: dict[str, EngineSpec] = {}  # pod key -> the engine we added for it
         self._pool: EnginePool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -350,6 +354,7 @@ class KubernetesDiscovery:
             on_event=lambda kind, pod: self._post(self._apply_event, kind, pod),
             watch_timeout_s=self.watch_timeout_s,
             backoff=self._backoff,
+            page_size=self.page_size,
         )
         self._thread = threading.Thread(
             target=self.watcher.run, name="k8s-pod-discovery", daemon=True

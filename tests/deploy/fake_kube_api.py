@@ -107,12 +107,13 @@ class FakeKubeApi:
         selector = _parse_selector(query.get("labelSelector", ""))
         if query.get("watch", "").lower() not in ("1", "true"):
             items = [p for p in self.pods.values() if _matches(p, namespace, selector)]
-            body = {
-                "kind": "PodList",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": str(self.version)},
-                "items": items,
-            }
+            start = int(query.get("continue") or 0)
+            limit = int(query.get("limit") or 0) or len(items)
+            page = items[start : start + limit]
+            meta: dict[str, Any] = {"resourceVersion": str(self.version)}
+            if start + limit < len(items):
+                meta["continue"] = str(start + limit)
+            body = {"kind": "PodList", "apiVersion": "v1", "metadata": meta, "items": page}
             return web.json_response(body)
         return await self._watch(request, namespace, selector, query)
 

@@ -181,6 +181,18 @@ async def test_watch_from_a_compacted_version_relists(fake: FakeKubeApi, kubecon
         await discovery.stop()
 
 
+async def test_a_paged_list_is_read_to_the_end(fake: FakeKubeApi, kubeconfig: str) -> None:
+    for i in range(5):
+        fake.put(f"engine-{i}", ip=f"10.1.0.{10 + i}")
+    discovery, pool = await start_discovery(kubeconfig, page_size=2)
+    try:
+        assert len(pool.engines) == 5
+        assert [q.get("continue") for q in fake.lists] == [None, "2", "4"]
+        assert all(q["limit"] == "2" for q in fake.lists)
+    finally:
+        await discovery.stop()
+
+
 async def test_errors_back_off_and_recover(fake: FakeKubeApi, kubeconfig: str) -> None:
     fake.put("engine-0", ip="10.1.0.10")
     fake.failures = [500, 403]
