@@ -167,6 +167,7 @@ class PodWatcher:
             except _Gone:
                 log.info("pod watch: resourceVersion %s is gone; listing again", self.version)
                 self.version = None
+                self._stop.wait(self.backoff.next())  # bounded, should the server insist
             except Exception as exc:
                 if self._stop.is_set():
                     break
