@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -69,6 +70,30 @@ class RouterConfig:
         None,
     )
     engine_api_key: str | None = _opt("API key the router sends to engines", None)
+    discovery: str = _opt(
+        "how engines are found: 'static' (the engine list) or 'kubernetes' (pods by label)",
+        "static",
+    )
+    k8s_namespace: str = _opt(
+        "Kubernetes namespace to find engine pods in (empty: the router's own namespace)", ""
+    )
+    k8s_label_selector: str = _opt(
+        "label selector of engine pods, e.g. 'app.kubernetes.io/component=engine'",
+        "hiveroute.io/role=engine",
+    )
+    k8s_port: int = _opt("engine pods' HTTP port", 8000)
+    k8s_scheme: str = _opt("engine pods' URL scheme: http or https", "http")
+    k8s_events_port: int = _opt("engine pods' KV-event PUB port (0: no KV events)", 5557)
+    k8s_replay_port: int = _opt("engine pods' KV-event replay port (0: no replay)", 0)
+    k8s_kubeconfig: str = _opt(
+        "kubeconfig file for discovery (empty: in-cluster service account, else ~/.kube/config)",
+        "",
+    )
+    k8s_context: str = _opt("kubeconfig context to use (empty: the current one)", "")
+    state: str = _opt(
+        "where shared state lives: 'memory' or a redis:// (rediss://) URL shared by replicas",
+        "memory",
+    )
 
     def client_api_keys(self) -> dict[str, str]:
         """Client keys (key -> tenant) from `api_keys` and `api_keys_file` together."""
@@ -110,6 +135,26 @@ class RouterConfig:
         if self.admission_timeout_s <= 0:
             raise ConfigError("admission_timeout_s must be positive")
         self.client_api_keys()  # loads and checks the key file
+        if self.discovery not in ("static", "kubernetes"):
+            raise ConfigError(f"discovery must be 'static' or 'kubernetes', got {self.discovery!r}")
+        if self.discovery == "kubernetes" and not self.k8s_label_selector.strip():
+            raise ConfigError(
+                "k8s_label_selector must not be empty with kubernetes discovery "
+                "(it would match every pod in the namespace)"
+            )
+        for name in ("k8s_port", "k8s_events_port", "k8s_replay_port"):
+            value = getattr(self, name)
+            low = 1 if name == "k8s_port" else 0
+            if not low <= value <= 65535:
+                raise ConfigError(f"{name} must be {low}..65535, got {value}")
+        if self.k8s_scheme not in ("http", "https"):
+            raise ConfigError(f"k8s_scheme must be 'http' or 'https', got {self.k8s_scheme!r}")
+        if self.state != "memory":
+            split = urlsplit(self.state)
+            if split.scheme not in ("redis", "rediss") or not split.hostname:
+                raise ConfigError(
+                    f"state must be 'memory' or a redis://HOST[:PORT][/DB] URL, got {self.state!r}"
+                )
         self.engine_specs  # noqa: B018 - parses each spec, raising ConfigError on a bad one
         return self
 

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from hiveroute.config import RouterConfig
+from hiveroute.engines.discovery import build_discovery
 from hiveroute.engines.pool import EnginePool
 from hiveroute.gateway.admission import AdmissionController
 from hiveroute.gateway.auth import Authenticator
@@ -62,6 +63,9 @@ class Router:
         self.auth = Authenticator(config.client_api_keys(), config.admin_key, config.salt_secret)
         self.services: dict[str, Any] = services if services is not None else {}
         self.components: list[Component] = []
+        discovery = build_discovery(config)
+        if discovery is not None:
+            self.components.append(discovery)
         self.request_hooks: list[RequestHook] = []
         self.policy: Policy = build_policy(
             config.policy, PluginContext(self.pool, self.services), config.policies
@@ -78,8 +82,12 @@ class Router:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         await self.pool.start(self._session)
-        for component in self.components:
-            await component.start(self)
+        for index, component in enumerate(self.components):
+            try:
+                await component.start(self)
+            except BaseException:  # undo what started, so a failed start leaks nothing
+                await self._shutdown(self.components[:index])
+                raise
         log.info(
             "router started with policy %s and %d engine(s)",
             self.policy.name,
@@ -87,7 +95,10 @@ class Router:
         )
 
     async def stop(self) -> None:
-        for component in reversed(self.components):
+        await self._shutdown(self.components)
+
+    async def _shutdown(self, components: list[Component]) -> None:
+        for component in reversed(components):
             try:
                 await component.stop()
             except Exception:

@@ -69,7 +69,7 @@ async def wait_for_shutdown_signal() -> None:
 async def serve(config: RouterConfig) -> None:
     """`hiveroute serve`: the router in front of the configured engines, or embedded ones."""
     fleet = None
-    if not config.engine:
+    if not config.engine and config.discovery == "static":
         from hiveroute.sim.embedded import start_embedded_engines
 
         fleet, specs = await start_embedded_engines(config.embedded_engines)
