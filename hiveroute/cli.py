@@ -15,6 +15,7 @@ from hiveroute.errors import ConfigError
 
 SUBCOMMANDS = {
     "serve": ("hiveroute.gateway.serve_command", "run the router"),
+    "sim": ("hiveroute.sim.command", "run simulated vLLM engines"),
 }
 
 

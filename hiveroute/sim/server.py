@@ -1,0 +1,423 @@
+"""The HTTP face of one simulated engine: vLLM's OpenAI API shapes, plus a small admin API.
+
+vLLM routes: /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize,
+/health, /version, /metrics, /reset_prefix_cache. Simulator admin (JSON):
+GET|POST /sim/faults, POST /sim/events/restart, POST /sim/retain, GET /sim/state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from hiveroute.errors import BadRequest, HiverouteError, NotFound, error_body
+from hiveroute.gateway.body import parse_json_object, read_body
+from hiveroute.kvindex.tokenizer import prompt_token_ids
+from hiveroute.sim.engine import Output, RequestHandle, SimEngine
+from hiveroute.sim.requests import sampling_params, stream_options
+
+MAX_BODY = 64 * 1024 * 1024
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ENGINE_KEY = web.AppKey("engine", SimEngine)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        body=json.dumps(data, separators=(",", ":")).encode(),
+        status=status,
+        content_type="application/json",
+    )
+
+
+def _error(exc: HiverouteError) -> web.Response:
+    return _json(exc.to_json(), status=exc.status)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except HiverouteError as exc:
+        return _error(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+        message = f"{request.method} {request.path}: {exc.reason}"
+        return _json(error_body(message, kind, code=str(exc.status)), status=exc.status)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    return parse_json_object(await read_body(request, MAX_BODY))
+
+
+def _check_model(engine: SimEngine, body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if model is None:
+        return engine.model_name
+    if not isinstance(model, str):
+        raise BadRequest("'model' must be a string", param="model")
+    if model != engine.model_name:
+        raise NotFound(
+            f"The model `{model}` does not exist.", param="model", code="model_not_found"
+        )
+    return model
+
+
+def _usage(handle: RequestHandle, details: bool) -> dict[str, Any]:
+    p, c = handle.prompt_tokens, handle.completion_tokens
+    return {
+        "prompt_tokens": p,
+        "total_tokens": p + c,
+        "completion_tokens": c,
+        "prompt_tokens_details": {"cached_tokens": handle.cached_tokens} if details else None,
+    }
+
+
+def _request_id(request: web.Request, prefix: str) -> str:
+    given = request.headers.get("X-Request-Id")
+    return f"{prefix}-{given}" if given else f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    body = await _body(request)
+    model = _check_model(engine, body)
+    stream, include_usage = stream_options(body)
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    tokens = prompt_token_ids(engine.tokenizer, path, body)
+    params = sampling_params(
+        body,
+        chat=chat,
+        num_prompt_tokens=len(tokens),
+        max_model_len=engine.max_model_len,
+        default_max_tokens=engine.config.default_max_tokens,
+        priority_enabled=engine.config.scheduling_policy == "priority",
+    )
+    faults = engine.faults
+    if faults.should_fail():
+        return _json(
+            error_body("simulated engine failure (fault knob fail_fraction)", "internal_error"),
+            status=faults.fail_status,
+        )
+    if faults.stall_first_token_s > 0:
+        await asyncio.sleep(faults.stall_first_token_s)
+    drop_after = faults.drop_after_tokens if stream and faults.should_drop() else None
+    rid = _request_id(request, "chatcmpl" if chat else "cmpl")
+    created = int(time.time())
+    handle = engine.submit(tokens, params)
+    try:
+        if stream:
+            return await _stream(
+                request, engine, handle, rid, created, model, chat, include_usage, drop_after
+            )
+        return await _complete(engine, handle, rid, created, model, chat)
+    finally:
+        engine.abort(handle)  # no-op when it finished; frees the blocks of a client that left
+
+
+async def _complete(
+    engine: SimEngine, handle: RequestHandle, rid: str, created: int, model: str, chat: bool
+) -> web.Response:
+    queue = handle.queue
+    parts: list[str] = []
+    while True:
+        out = await queue.get()
+        parts.append(out.text)
+        if out.finish_reason is not None:
+            break
+    text = "".join(parts)
+    if chat:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": text,
+                "refusal": None,
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
+                "tool_calls": [],
+                "reasoning_content": None,
+            },
+            "logprobs": None,
+            "finish_reason": handle.finish_reason,
+            "stop_reason": handle.stop_reason,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": handle.finish_reason,
+            "stop_reason": handle.stop_reason,
+            "prompt_logprobs": None,
+        }
+        obj = "text_completion"
+    return _json(
+        {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": _usage(handle, engine.config.enable_prompt_tokens_details),
+            "prompt_logprobs": None,
+            "kv_transfer_params": None,
+        }
+    )
+
+
+async def _stream(
+    request: web.Request,
+    engine: SimEngine,
+    handle: RequestHandle,
+    rid: str,
+    created: int,
+    model: str,
+    chat: bool,
+    include_usage: bool,
+    drop_after: int | None,
+) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    head = f'{{"id":"{rid}","object":"{obj}","created":{created},"model":{json.dumps(model)},"choices":['
+    dumps = json.dumps
+    if chat:
+        first = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        await resp.write(f"data: {head}{dumps(first)}]}}\n\n".encode())
+    sent = 0
+    queue = handle.queue
+    while True:
+        out: Output = await queue.get()
+        sent += len(out.token_ids)
+        if chat:
+            choice = f'{{"index":0,"delta":{{"content":{dumps(out.text)}}},"logprobs":null,"finish_reason":{dumps(out.finish_reason)}'
+        else:
+            choice = f'{{"index":0,"text":{dumps(out.text)},"logprobs":null,"finish_reason":{dumps(out.finish_reason)}'
+        if out.finish_reason is not None:
+            choice += f',"stop_reason":{dumps(out.stop_reason)}'
+        await resp.write(f"data: {head}{choice}}}]}}\n\n".encode())
+        if drop_after is not None and sent >= drop_after and out.finish_reason is None:
+            engine.abort(handle)
+            if request.transport is not None:
+                request.transport.abort()  # fault: the connection dies mid-stream
+            return resp
+        if out.finish_reason is not None:
+            break
+    if include_usage:
+        usage = dumps(_usage(handle, engine.config.enable_prompt_tokens_details))
+        await resp.write(f'data: {head}],"usage":{usage}}}\n\n'.encode())
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await generate(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await generate(request, chat=True)
+
+
+async def models(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    name = engine.model_name
+    return _json(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "vllm",
+                    "root": name,
+                    "parent": None,
+                    "max_model_len": engine.max_model_len,
+                    "permission": [],
+                }
+            ],
+        }
+    )
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    body = await _body(request)
+    _check_model(engine, body)
+    if "messages" in body:
+        add = body.get("add_special_tokens", False)
+        if not isinstance(add, bool):
+            raise BadRequest(
+                "'add_special_tokens' must be true or false", param="add_special_tokens"
+            )
+        if add:
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                raise BadRequest("'messages' must be a list", param="messages")
+            text = engine.tokenizer.apply_chat_template(
+                messages,
+                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                tools=body.get("tools"),
+            )
+            tokens = engine.tokenizer.encode(text, add_special_tokens=True)
+        else:
+            tokens = prompt_token_ids(engine.tokenizer, "/v1/chat/completions", body)
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise BadRequest("'prompt' must be a string (or send 'messages')", param="prompt")
+        add = body.get("add_special_tokens", True)
+        if not isinstance(add, bool):
+            raise BadRequest(
+                "'add_special_tokens' must be true or false", param="add_special_tokens"
+            )
+        tokens = engine.tokenizer.encode(prompt, add_special_tokens=add)
+    strs = None
+    if body.get("return_token_strs"):
+        strs = [engine.tokenizer.decode([t]) for t in tokens]
+    return _json(
+        {
+            "count": len(tokens),
+            "max_model_len": engine.max_model_len,
+            "tokens": tokens,
+            "token_strs": strs,
+        }
+    )
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    body = await _body(request)
+    _check_model(engine, body)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in tokens
+    ):
+        raise BadRequest("'tokens' must be a list of integers", param="tokens")
+    return _json({"prompt": engine.tokenizer.decode(tokens)})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def version(request: web.Request) -> web.Response:
+    return _json({"version": "hiveroute-sim (vLLM 0.32 API)"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    return web.Response(
+        body=engine.render_metrics(),
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    if not engine.reset_prefix_cache():
+        return _json(
+            error_body(
+                "cannot reset the prefix cache while requests hold blocks", "internal_error"
+            ),
+            status=500,
+        )
+    return web.Response(status=200)
+
+
+async def get_faults(request: web.Request) -> web.Response:
+    return _json(request.app[ENGINE_KEY].faults.to_json())
+
+
+async def set_faults(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    engine.faults.update(await _body(request))
+    return _json(engine.faults.to_json())
+
+
+async def restart_events(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    if engine.publisher is None:
+        raise BadRequest("this engine publishes no KV events (started with --no-kv-events)")
+    await engine.restart_events()
+    return _json(
+        {"restarted": True, "events": engine.events_endpoint, "replay": engine.replay_endpoint}
+    )
+
+
+async def retain(request: web.Request) -> web.Response:
+    """Retention hint: pin the cached blocks of a prefix for `seconds` (0 releases)."""
+    engine = request.app[ENGINE_KEY]
+    body = await _body(request)
+    seconds = body.get("seconds")
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not 0 <= seconds <= 86400
+    ):
+        raise BadRequest("'seconds' must be a number from 0 to 86400", param="seconds")
+    if "prompt_token_ids" in body:
+        ids = body["prompt_token_ids"]
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids
+        ):
+            raise BadRequest(
+                "'prompt_token_ids' must be a list of integers", param="prompt_token_ids"
+            )
+        tokens = [int(t) for t in ids]
+    elif "messages" in body:
+        tokens = prompt_token_ids(engine.tokenizer, "/v1/chat/completions", body)
+    elif "prompt" in body:
+        tokens = prompt_token_ids(engine.tokenizer, "/v1/completions", body)
+    else:
+        raise BadRequest(
+            "send 'prompt', 'messages' or 'prompt_token_ids' to say which prefix to keep"
+        )
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise BadRequest("'cache_salt' must be a non-empty string", param="cache_salt")
+    return _json(engine.retain(tokens, salt, float(seconds)))
+
+
+async def state(request: web.Request) -> web.Response:
+    return _json(request.app[ENGINE_KEY].state())
+
+
+def build_engine_app(engine: SimEngine) -> web.Application:
+    app = web.Application(middlewares=[errors_middleware], client_max_size=MAX_BODY)
+    app[ENGINE_KEY] = engine
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    app.router.add_get("/health", health)
+    app.router.add_get("/version", version)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    app.router.add_get("/sim/faults", get_faults)
+    app.router.add_post("/sim/faults", set_faults)
+    app.router.add_post("/sim/events/restart", restart_events)
+    app.router.add_post("/sim/retain", retain)
+    app.router.add_get("/sim/state", state)
+    return app
