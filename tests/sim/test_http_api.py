@@ -1,0 +1,208 @@
+"""vLLM's OpenAI API shapes over real HTTP, accepted by the official openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+from openai import AsyncOpenAI, BadRequestError, NotFoundError
+
+from hiveroute.engines.prom_text import parse_prometheus_text
+from tests.sim.conftest import FleetFactory
+
+PROMPT = "the planner writes a plan and the executor runs the tools " * 6
+
+
+async def _metrics(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    return parse_prometheus_text(await (await session.get(f"{url}/metrics")).text())
+
+
+async def test_openai_client_completions_and_cached_tokens(sim_fleet: FleetFactory) -> None:
+    fleet = await sim_fleet()
+    client = AsyncOpenAI(base_url=f"{fleet.engines[0].url}/v1", api_key="x", max_retries=0)
+    first = await client.completions.create(model="sim-model", prompt=PROMPT, max_tokens=5)
+    second = await client.completions.create(model="sim-model", prompt=PROMPT, max_tokens=5)
+    assert first.choices[0].finish_reason == "length" and first.choices[0].text
+    assert first.usage is not None and second.usage is not None
+    assert first.usage.completion_tokens == 5
+    assert first.usage.prompt_tokens_details is not None
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = second.usage.prompt_tokens_details
+    assert cached is not None
+    # vLLM's rule: every full block before the last prompt token is a hit.
+    assert cached.cached_tokens == (first.usage.prompt_tokens - 1) // 16 * 16
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["sim-model"]
+    await client.close()
+
+
+async def test_openai_client_chat_streamed_with_usage(sim_fleet: FleetFactory) -> None:
+    fleet = await sim_fleet()
+    client = AsyncOpenAI(base_url=f"{fleet.engines[0].url}/v1", api_key="x", max_retries=0)
+    messages = [{"role": "system", "content": PROMPT}, {"role": "user", "content": "go"}]
+    stream = await client.chat.completions.create(
+        model="sim-model",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finals = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finals == ["length"] and text
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 6
+    plain = await client.chat.completions.create(model="sim-model", messages=messages, max_tokens=6)  # type: ignore[arg-type]
+    assert plain.choices[0].message.content == text
+    assert plain.usage is not None and plain.usage.prompt_tokens == chunks[-1].usage.prompt_tokens
+    await client.close()
+
+
+async def test_stream_without_include_usage_has_no_usage_chunk(
+    sim_fleet: FleetFactory, session: aiohttp.ClientSession
+) -> None:
+    fleet = await sim_fleet()
+    body = {"prompt": "hello there", "max_tokens": 3, "stream": True}
+    resp = await session.post(f"{fleet.engines[0].url}/v1/completions", json=body)
+    lines = [ln for ln in (await resp.text()).split("\n\n") if ln]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    assert len(chunks) == 3 and all("usage" not in c for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_errors_have_vllm_messages_and_openai_shape(sim_fleet: FleetFactory) -> None:
+    fleet = await sim_fleet(max_model_len=64)
+    client = AsyncOpenAI(base_url=f"{fleet.engines[0].url}/v1", api_key="x", max_retries=0)
+    with pytest.raises(NotFoundError, match="does not exist"):
+        await client.completions.create(model="nope", prompt="x", max_tokens=1)
+    with pytest.raises(BadRequestError, match="maximum context length"):
+        await client.completions.create(model="sim-model", prompt=PROMPT * 3, max_tokens=1)
+    with pytest.raises(BadRequestError, match="too large"):
+        await client.completions.create(model="sim-model", prompt="x", max_tokens=500)
+    with pytest.raises(BadRequestError, match="Priority scheduling is not enabled"):
+        await client.completions.create(
+            model="sim-model", prompt="x", max_tokens=1, extra_body={"priority": 3}
+        )
+    with pytest.raises(BadRequestError, match="min_tokens"):
+        await client.completions.create(
+            model="sim-model", prompt="x", max_tokens=2, extra_body={"min_tokens": 5}
+        )
+    with pytest.raises(BadRequestError, match="cache_salt"):
+        await client.completions.create(
+            model="sim-model", prompt="x", max_tokens=1, extra_body={"cache_salt": ""}
+        )
+    await client.close()
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(f"{fleet.engines[0].url}/v1/completions", data=b"{")
+        assert resp.status == 400
+        assert "not valid JSON" in (await resp.json())["error"]["message"]
+        resp = await session.get(f"{fleet.engines[0].url}/v1/nothing")
+        assert resp.status == 404 and (await resp.json())["error"]["type"] == "not_found_error"
+
+
+async def test_stop_strings_min_tokens_and_ignore_eos(
+    sim_fleet: FleetFactory, session: aiohttp.ClientSession
+) -> None:
+    fleet = await sim_fleet(default_max_tokens=4)
+    url = f"{fleet.engines[0].url}/v1/completions"
+
+    async def complete(**fields: object) -> dict:
+        resp = await session.post(url, json={"prompt": "hi", **fields})
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+    out = await complete(max_tokens=20, stop=["brown"])
+    choice = out["choices"][0]
+    assert choice["text"] == " The quick " and choice["finish_reason"] == "stop"
+    assert choice["stop_reason"] == "brown"
+    out = await complete(max_tokens=20, stop="brown", include_stop_str_in_output=True)
+    assert out["choices"][0]["text"] == " The quick brown"
+    # No max_tokens: the simulated model ends its answer (EOS) after default_max_tokens.
+    out = await complete()
+    assert out["choices"][0]["finish_reason"] == "stop" and out["usage"]["completion_tokens"] == 4
+    out = await complete(min_tokens=9)
+    assert out["usage"]["completion_tokens"] == 10  # EOS is held back until min_tokens
+    out = await complete(ignore_eos=True, max_tokens=12)
+    assert (
+        out["choices"][0]["finish_reason"] == "length" and out["usage"]["completion_tokens"] == 12
+    )
+
+
+async def test_tokenize_prompt_and_messages(
+    sim_fleet: FleetFactory, session: aiohttp.ClientSession
+) -> None:
+    fleet = await sim_fleet()
+    url = fleet.engines[0].url
+    plain = await (await session.post(f"{url}/tokenize", json={"prompt": "hello world"})).json()
+    assert plain["count"] == len(plain["tokens"]) == 4 and plain["max_model_len"] == 32768
+    messages = [{"role": "user", "content": "hello world"}]
+    chat = await (await session.post(f"{url}/tokenize", json={"messages": messages})).json()
+    usage = (
+        await (
+            await session.post(
+                f"{url}/v1/chat/completions", json={"messages": messages, "max_tokens": 1}
+            )
+        ).json()
+    )["usage"]
+    assert chat["count"] == usage["prompt_tokens"]
+    bad = await session.post(f"{url}/tokenize", json={"prompt": 3})
+    assert bad.status == 400 and (await bad.json())["error"]["param"] == "prompt"
+
+
+async def test_metrics_report_what_happened(
+    sim_fleet: FleetFactory, session: aiohttp.ClientSession
+) -> None:
+    fleet = await sim_fleet()
+    url = fleet.engines[0].url
+    usages = []
+    for _ in range(3):
+        resp = await session.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
+        usages.append((await resp.json())["usage"])
+    values = await _metrics(session, url)
+    assert values["vllm:prefix_cache_queries_total"] == sum(u["prompt_tokens"] for u in usages)
+    assert values["vllm:prefix_cache_hits_total"] == sum(
+        u["prompt_tokens_details"]["cached_tokens"] for u in usages
+    )
+    assert values["vllm:generation_tokens_total"] == 6
+    assert values["vllm:time_to_first_token_seconds_count"] == 3
+    assert values["vllm:e2e_request_latency_seconds_count"] == 3
+    assert values["vllm:num_requests_running"] == 0 and values["vllm:num_requests_waiting"] == 0
+    state = await (await session.get(f"{url}/sim/state")).json()
+    assert values["vllm:kv_cache_usage_perc"] == state["kv_cache_usage"] == 0.0
+
+
+async def test_client_disconnect_aborts_and_frees_blocks(
+    sim_fleet: FleetFactory, session: aiohttp.ClientSession
+) -> None:
+    fleet = await sim_fleet(time_scale=5.0)  # slow steps, so the request is still running
+    engine = fleet.engines[0]
+    body = {"prompt": PROMPT, "max_tokens": 1000, "stream": True}
+    resp = await session.post(f"{engine.url}/v1/completions", json=body)
+    await resp.content.readline()  # first chunk arrived: the request holds blocks
+    assert engine.scheduler.running and engine.pool.usage() > 0
+    resp.close()
+    for _ in range(100):
+        if not engine.scheduler.running:
+            break
+        await asyncio.sleep(0.02)
+    assert not engine.scheduler.running and engine.pool.usage() == 0.0
+    values = await _metrics(session, engine.url)
+    assert values["vllm:request_success_total"] == 1  # the abort, under finished_reason="abort"
+
+
+async def test_priority_and_cache_salt_over_http(
+    sim_fleet: FleetFactory, session: aiohttp.ClientSession
+) -> None:
+    fleet = await sim_fleet(scheduling_policy="priority")
+    url = f"{fleet.engines[0].url}/v1/completions"
+    for salt, expect_hit in (("a", False), ("a", True), ("b", False)):
+        body = {"prompt": PROMPT, "max_tokens": 1, "cache_salt": salt, "priority": -1}
+        usage = (await (await session.post(url, json=body)).json())["usage"]
+        assert (usage["prompt_tokens_details"]["cached_tokens"] > 0) is expect_hit
