@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,11 +66,20 @@ class SamplingParams:
 
 @dataclass
 class RequestHandle:
-    """A submitted request as the server sees it: a queue of outputs and its counts."""
+    """A submitted request as the server sees it: its outputs and counts.
+
+    Outputs go to `sink` when one is set (called synchronously from the step loop: the HTTP
+    layer writes the stream chunk right there, with no task switch per token), else to `queue`.
+    `done` resolves when the request finishes or is aborted.
+    """
 
     request: SimRequest
     params: SamplingParams
     queue: asyncio.Queue[Output] = field(default_factory=asyncio.Queue)
+    sink: Callable[[Output], None] | None = None
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
     text: str = ""
     emitted_text_len: int = 0
     finish_reason: str | None = None
@@ -205,6 +214,9 @@ class SimEngine:
             return
         self.scheduler.finish(request, "abort")
         self._handles.pop(id(request), None)
+        handle.finish_reason = "abort"
+        if not handle.done.done():
+            handle.done.set_result(None)
         self.metrics.success["abort"].inc()
         self._wake.set()
 
@@ -262,7 +274,13 @@ class SimEngine:
             reason = "length"
         if reason is not None:
             self._finish(handle, reason, stop_reason)
-        handle.queue.put_nowait(Output(new_ids, emit_text, reason, stop_reason))
+        out = Output(new_ids, emit_text, reason, stop_reason)
+        if handle.sink is not None:
+            handle.sink(out)
+        else:
+            handle.queue.put_nowait(out)
+        if reason is not None and not handle.done.done():
+            handle.done.set_result(None)
 
     # --- the step loop ---------------------------------------------------------------------
 
@@ -272,15 +290,17 @@ class SimEngine:
         cost = self.cost
         scale = self.config.time_scale
         out_ids = self._out_ids
+        n_ids = len(out_ids)
         eos = self.eos_token_id
         metrics = self.metrics
         lags = self.step_lags
-        modelled_end = 0.0
+        bias = 0.0  # how late the event loop wakes us, learnt as we go (timers round up to 1 ms)
         while True:
             if not scheduler.has_work():
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            started = loop.time()
             plan = scheduler.schedule()
             self._publish()
             if not plan:
@@ -291,30 +311,26 @@ class SimEngine:
             duration = scale * cost.step_time(
                 plan.prefill_tokens, plan.attention_pairs, plan.decode_seqs, plan.decode_context
             )
-            now = loop.time()
-            modelled_end = max(modelled_end, now) + duration
-            delay = modelled_end - now
+            target = started + duration
+            wake = target - bias
+            delay = wake - loop.time()
+            await asyncio.sleep(delay if delay > 0 else 0)
             if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                await asyncio.sleep(0)
-            lags.append((loop.time() - modelled_end, duration))
+                bias = min(max(0.9 * bias + 0.1 * (loop.time() - wake), 0.0), 0.002)
             self.steps += 1
             stamp = time.monotonic()
             generated = 0
             for request, _ in plan.scheduled:
-                if request.status != RUNNING or request.num_computed_tokens < len(
-                    request.token_ids
-                ):
+                tokens = request.token_ids
+                if request.status != RUNNING or request.num_computed_tokens < len(tokens):
                     continue  # aborted during the step, or a prefill chunk with more to come
-                n_out = request.num_output_tokens
+                n_out = len(tokens) - request.num_prompt_tokens
                 eos_at = request.eos_at
-                token = (
-                    eos
-                    if (eos_at is not None and n_out + 1 >= eos_at and not request.ignore_eos)
-                    else out_ids[n_out % len(out_ids)]
-                )
-                request.token_ids.append(token)
+                if eos_at is not None and n_out + 1 >= eos_at and not request.ignore_eos:
+                    token = eos
+                else:
+                    token = out_ids[n_out % n_ids]
+                tokens.append(token)
                 generated += 1
                 if request.first_token_at is None:
                     request.first_token_at = stamp
@@ -327,6 +343,7 @@ class SimEngine:
             metrics.generation_tokens.inc(generated)
             metrics.prompt_tokens.inc(plan.prefill_tokens)
             self._publish()
+            lags.append((loop.time() - target, duration))
 
     def _publish(self) -> None:
         if self.pool.events:

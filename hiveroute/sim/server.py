@@ -125,13 +125,9 @@ async def generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
 async def _complete(
     engine: SimEngine, handle: RequestHandle, rid: str, created: int, model: str, chat: bool
 ) -> web.Response:
-    queue = handle.queue
     parts: list[str] = []
-    while True:
-        out = await queue.get()
-        parts.append(out.text)
-        if out.finish_reason is not None:
-            break
+    handle.sink = lambda out: parts.append(out.text)
+    await handle.done
     text = "".join(parts)
     if chat:
         choice: dict[str, Any] = {
@@ -177,6 +173,74 @@ async def _complete(
     )
 
 
+class _ChunkWriter:
+    """Writes one stream's SSE chunks straight to the socket from the engine's step loop.
+
+    A task switch and an awaited write per token is what limits a Python server at hundreds of
+    streams; here each token costs one formatted string and one transport.write (HTTP chunked
+    framing done by hand, after aiohttp has sent the headers).
+    """
+
+    __slots__ = ("chat", "drop_after", "dropped", "engine", "handle", "head", "sent", "transport")
+
+    def __init__(
+        self,
+        engine: SimEngine,
+        handle: RequestHandle,
+        transport: asyncio.Transport,
+        head: str,
+        chat: bool,
+        drop_after: int | None,
+    ) -> None:
+        self.engine = engine
+        self.handle = handle
+        self.transport = transport
+        self.head = head
+        self.chat = chat
+        self.drop_after = drop_after
+        self.sent = 0
+        self.dropped = False
+
+    def __call__(self, out: Output) -> None:
+        transport = self.transport
+        if transport.is_closing():
+            self.engine.abort(self.handle)  # the client is gone: free its blocks now
+            return
+        text = _dumps(out.text)
+        if self.chat:
+            choice = f'{{"index":0,"delta":{{"content":{text}}},"logprobs":null,"finish_reason":'
+        else:
+            choice = f'{{"index":0,"text":{text},"logprobs":null,"finish_reason":'
+        if out.finish_reason is None:
+            choice += "null}"
+        else:
+            choice += f'"{out.finish_reason}","stop_reason":{_dumps(out.stop_reason)}}}'
+        data = f"data: {self.head}{choice}]}}\n\n".encode()
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        self.sent += len(out.token_ids)
+        if (
+            self.drop_after is not None
+            and self.sent >= self.drop_after
+            and out.finish_reason is None
+        ):
+            self.dropped = True
+            self.engine.abort(self.handle)
+            transport.abort()  # fault: the connection dies mid-stream
+
+
+_dumps_cache: dict[Any, str] = {}
+
+
+def _dumps(value: Any) -> str:
+    """json.dumps, memoised for the few distinct pieces the simulated model writes."""
+    found = _dumps_cache.get(value)
+    if found is None:
+        found = json.dumps(value)
+        if len(_dumps_cache) < 4096:
+            _dumps_cache[value] = found
+    return found
+
+
 async def _stream(
     request: web.Request,
     engine: SimEngine,
@@ -191,39 +255,25 @@ async def _stream(
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
+    resp.enable_chunked_encoding()
     await resp.prepare(request)
     obj = "chat.completion.chunk" if chat else "text_completion"
     head = f'{{"id":"{rid}","object":"{obj}","created":{created},"model":{json.dumps(model)},"choices":['
-    dumps = json.dumps
     if chat:
-        first = {
-            "index": 0,
-            "delta": {"role": "assistant", "content": ""},
-            "logprobs": None,
-            "finish_reason": None,
-        }
-        await resp.write(f"data: {head}{dumps(first)}]}}\n\n".encode())
-    sent = 0
-    queue = handle.queue
-    while True:
-        out: Output = await queue.get()
-        sent += len(out.token_ids)
-        if chat:
-            choice = f'{{"index":0,"delta":{{"content":{dumps(out.text)}}},"logprobs":null,"finish_reason":{dumps(out.finish_reason)}'
-        else:
-            choice = f'{{"index":0,"text":{dumps(out.text)},"logprobs":null,"finish_reason":{dumps(out.finish_reason)}'
-        if out.finish_reason is not None:
-            choice += f',"stop_reason":{dumps(out.stop_reason)}'
-        await resp.write(f"data: {head}{choice}}}]}}\n\n".encode())
-        if drop_after is not None and sent >= drop_after and out.finish_reason is None:
-            engine.abort(handle)
-            if request.transport is not None:
-                request.transport.abort()  # fault: the connection dies mid-stream
-            return resp
-        if out.finish_reason is not None:
-            break
+        first = '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}'
+        await resp.write(f"data: {head}{first}]}}\n\n".encode())
+    else:
+        await resp.write(b"")  # sends the headers now, before any chunk goes to the socket
+    transport = request.transport
+    if transport is None:
+        return resp
+    writer = _ChunkWriter(engine, handle, transport, head, chat, drop_after)
+    handle.sink = writer
+    await handle.done
+    if writer.dropped or handle.finish_reason == "abort" or transport.is_closing():
+        return resp
     if include_usage:
-        usage = dumps(_usage(handle, engine.config.enable_prompt_tokens_details))
+        usage = json.dumps(_usage(handle, engine.config.enable_prompt_tokens_details))
         await resp.write(f'data: {head}],"usage":{usage}}}\n\n'.encode())
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()

@@ -1,0 +1,188 @@
+"""How faithfully the simulator keeps modelled time: per-step lag of wall time behind the model.
+
+    python benchmarks/sim_step_lag.py [--engines 8] [--streams 512] [--duration 30]
+
+Starts N engines in this process (uvloop, pinned to one CPU when the machine has more), drives
+them from a separate client process with S concurrent streamed requests (each a fresh prompt,
+ignore_eos, a fixed output length, so the batch stays full), and prints, over every step after a
+warm-up, the lag = (wall time at which the step's tokens were handed out) - (step start +
+modelled step time): p50 / p99 / max, and the share of steps within 5 % of their modelled time.
+Writes benchmarks/results/sim_step_lag.md with the date, machine and exact command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results" / "sim_step_lag.md"
+
+
+def _client_main(urls: list[str], streams: int, duration: float, prompt_len: int, max_tokens: int, cpu: int | None) -> None:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    import aiohttp
+
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+    async def one_stream(session: aiohttp.ClientSession, url: str, rng: random.Random, deadline: float) -> int:
+        done = 0
+        while time.monotonic() < deadline:
+            prompt = [rng.randrange(100, 30000) for _ in range(prompt_len)]
+            body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+            async with session.post(f"{url}/v1/completions", json=body) as resp:
+                async for _ in resp.content.iter_any():
+                    pass
+            done += 1
+        return done
+
+    async def run() -> None:
+        deadline = time.monotonic() + duration
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+            tasks = [
+                one_stream(session, urls[i % len(urls)], random.Random(i), deadline)
+                for i in range(streams)
+            ]
+            done = await asyncio.gather(*tasks)
+        print(f"client: {sum(done)} requests completed", flush=True)
+
+    asyncio.run(run())
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _machine() -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.node()}: {model}, {os.cpu_count()} CPUs, Linux {platform.release()}, Python {platform.python_version()}"
+
+
+async def _bench(args: argparse.Namespace) -> dict[str, float]:
+    from hiveroute.sim import SimConfig, SimFleet
+
+    fleet = SimFleet(
+        SimConfig(engines=args.engines, base_port=0, events_base_port=0, preset=args.preset, block_size=16)
+    )
+    await fleet.start()
+    urls = [e.url for e in fleet.engines]
+    cpus = sorted(os.sched_getaffinity(0))
+    client_cpu = cpus[1] if len(cpus) > 1 and args.pin else None
+    ctx = mp.get_context("spawn")
+    client = ctx.Process(
+        target=_client_main,
+        args=(urls, args.streams, args.duration, args.prompt_len, args.max_tokens, client_cpu),
+    )
+    client.start()
+    try:
+        await asyncio.sleep(args.warmup)
+        for engine in fleet.engines:
+            engine.step_lags.clear()
+        await asyncio.sleep(max(0.0, args.duration - args.warmup))
+        samples = [lag for engine in fleet.engines for lag in engine.step_lags]
+        running = [len(e.scheduler.running) for e in fleet.engines]
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, client.join, args.duration + 60)
+        if client.is_alive():
+            client.terminate()
+        await fleet.stop()
+    if not samples:
+        raise SystemExit("no steps were measured; is the client reaching the engines?")
+    lags_ms = [lag * 1000 for lag, _ in samples]
+    rel = [lag / modelled for lag, modelled in samples if modelled > 0]
+    return {
+        "steps": len(samples),
+        "modelled_p50_ms": statistics.median(m * 1000 for _, m in samples),
+        "lag_p50_ms": statistics.median(lags_ms),
+        "lag_p99_ms": _percentile(lags_ms, 0.99),
+        "lag_max_ms": max(lags_ms),
+        "rel_p50_pct": 100 * statistics.median(rel),
+        "rel_p99_pct": 100 * _percentile(rel, 0.99),
+        "within_5pct": 100 * sum(1 for r in rel if abs(r) <= 0.05) / len(rel),
+        "running_at_end": float(sum(running)),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines", type=int, default=8)
+    parser.add_argument("--streams", type=int, default=512)
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of load")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds not measured")
+    parser.add_argument("--preset", default="llama-8b-h100")
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin to CPUs")
+    parser.add_argument("--no-write", dest="write", action="store_false", help="only print")
+    parser.add_argument("--profile", metavar="FILE", help="write a cProfile of the engines here")
+    args = parser.parse_args()
+    if args.pin and len(os.sched_getaffinity(0)) > 1:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        r = profiler.runcall(asyncio.run, _bench(args))
+        profiler.dump_stats(args.profile)
+    else:
+        r = asyncio.run(_bench(args))
+    command = "python " + " ".join(["benchmarks/sim_step_lag.py", *sys.argv[1:]])
+    lines = [
+        f"steps measured: {r['steps']:.0f} (median modelled step {r['modelled_p50_ms']:.2f} ms)",
+        f"lag behind modelled time: p50 {r['lag_p50_ms']:.3f} ms, p99 {r['lag_p99_ms']:.3f} ms, "
+        f"max {r['lag_max_ms']:.3f} ms",
+        f"lag as share of the step: p50 {r['rel_p50_pct']:.2f} %, p99 {r['rel_p99_pct']:.2f} %",
+        f"steps within 5 % of modelled time: {r['within_5pct']:.1f} %",
+        f"requests running at the end: {r['running_at_end']:.0f}",
+    ]
+    print("\n".join(lines))
+    if args.write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(
+            "# Simulator step lag\n\n"
+            f"- date: {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}\n"
+            f"- machine: {_machine()}\n"
+            f"- command: `{command}`\n"
+            f"- setup: {args.engines} engines (preset {args.preset}) in one process"
+            f"{' pinned to one CPU' if args.pin else ''}, {args.streams} concurrent streams from a "
+            f"separate client process, prompts of {args.prompt_len} tokens, {args.max_tokens} "
+            f"output tokens each, {args.duration:.0f} s with {args.warmup:.0f} s warm-up\n\n"
+            "Lag = wall time at which a step's tokens were handed to their streams minus (step "
+            "start + modelled step time); it includes scheduling, the sleep's wake-up error and "
+            "output processing.\n\n```\n" + "\n".join(lines) + "\n```\n"
+        )
+        print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
