@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import multiprocessing as mp
 import os
 import platform
@@ -27,10 +28,20 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results" / "sim_step_lag.md"
 
 
-def _client_main(urls: list[str], streams: int, duration: float, prompt_len: int, max_tokens: int, cpu: int | None) -> None:
+def _client_main(
+    urls: list[str],
+    streams: int,
+    duration: float,
+    prompt_len: int,
+    max_tokens: int,
+    cpu: int | None,
+) -> None:
+    """The load: raw HTTP/1.1 streams (a Protocol per request), light enough to leave the CPU
+    to the simulator; each reads its SSE stream to `data: [DONE]`, then starts the next one."""
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
-    import aiohttp
+    import json
+    from urllib.parse import urlsplit
 
     try:
         import uvloop
@@ -39,29 +50,75 @@ def _client_main(urls: list[str], streams: int, duration: float, prompt_len: int
     except ImportError:
         pass
 
-    async def one_stream(session: aiohttp.ClientSession, url: str, rng: random.Random, deadline: float) -> int:
-        done = 0
+    class Stream(asyncio.Protocol):
+        def __init__(self, request: bytes, done: asyncio.Future[bool]) -> None:
+            self.request = request
+            self.done = done
+            self.tail = b""
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            transport.write(self.request)  # type: ignore[attr-defined]
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            window = self.tail + data
+            if b"data: [DONE]" in window and not self.done.done():
+                self.done.set_result(True)
+                self.transport.close()
+            self.tail = window[-16:]
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not self.done.done():
+                self.done.set_result(False)
+
+    async def one_stream(url: str, rng: random.Random, deadline: float) -> int:
+        loop = asyncio.get_running_loop()
+        split = urlsplit(url)
+        done_count = 0
         while time.monotonic() < deadline:
             prompt = [rng.randrange(100, 30000) for _ in range(prompt_len)]
-            body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
-            async with session.post(f"{url}/v1/completions", json=body) as resp:
-                async for _ in resp.content.iter_any():
-                    pass
-            done += 1
-        return done
+            body = json.dumps(
+                {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+            ).encode()
+            request = (
+                f"POST /v1/completions HTTP/1.1\r\nHost: {split.netloc}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n"
+            ).encode() + body
+            done: asyncio.Future[bool] = loop.create_future()
+            await loop.create_connection(
+                functools.partial(Stream, request, done), split.hostname, split.port
+            )
+            done_count += int(await done)
+        return done_count
 
     async def run() -> None:
         deadline = time.monotonic() + duration
-        connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-            tasks = [
-                one_stream(session, urls[i % len(urls)], random.Random(i), deadline)
-                for i in range(streams)
-            ]
-            done = await asyncio.gather(*tasks)
+        tasks = [
+            one_stream(urls[i % len(urls)], random.Random(i), deadline) for i in range(streams)
+        ]
+        done = await asyncio.gather(*tasks)
         print(f"client: {sum(done)} requests completed", flush=True)
 
     asyncio.run(run())
+
+
+async def _timer_baseline(step: float, count: int) -> tuple[float, float, float]:
+    """How late this machine wakes a precise timer with nothing else running in the process."""
+    from hiveroute.sim.clock import PreciseTimer
+
+    timer = PreciseTimer()
+    late = []
+    for _ in range(count):
+        deadline = time.monotonic() + step
+        await timer.sleep_until(deadline)
+        late.append((time.monotonic() - deadline) * 1000)
+    timer.close()
+    return _percentile(late, 0.5), _percentile(late, 0.9), _percentile(late, 0.99)
+
+
+def _generated(engine: object) -> float:
+    return float(engine.metrics.generation_tokens._value.get())  # type: ignore[attr-defined]
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -84,8 +141,11 @@ def _machine() -> str:
 async def _bench(args: argparse.Namespace) -> dict[str, float]:
     from hiveroute.sim import SimConfig, SimFleet
 
+    baseline = await _timer_baseline(0.009, 300)
     fleet = SimFleet(
-        SimConfig(engines=args.engines, base_port=0, events_base_port=0, preset=args.preset, block_size=16)
+        SimConfig(
+            engines=args.engines, base_port=0, events_base_port=0, preset=args.preset, block_size=16
+        )
     )
     await fleet.start()
     urls = [e.url for e in fleet.engines]
@@ -101,7 +161,13 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
         await asyncio.sleep(args.warmup)
         for engine in fleet.engines:
             engine.step_lags.clear()
+        tokens0 = sum(_generated(e) for e in fleet.engines)
+        cpu0, wall0 = time.process_time(), time.monotonic()
         await asyncio.sleep(max(0.0, args.duration - args.warmup))
+        cpu_share = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+        tokens_per_s = (sum(_generated(e) for e in fleet.engines) - tokens0) / (
+            time.monotonic() - wall0
+        )
         samples = [lag for engine in fleet.engines for lag in engine.step_lags]
         running = [len(e.scheduler.running) for e in fleet.engines]
     finally:
@@ -123,6 +189,12 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
         "rel_p99_pct": 100 * _percentile(rel, 0.99),
         "within_5pct": 100 * sum(1 for r in rel if abs(r) <= 0.05) / len(rel),
         "running_at_end": float(sum(running)),
+        "cpu_share": 100 * cpu_share,
+        "time_ratio": 1 + sum(lag for lag, _ in samples) / sum(m for _, m in samples),
+        "timer_p50_ms": baseline[0],
+        "timer_p90_ms": baseline[1],
+        "timer_p99_ms": baseline[2],
+        "tokens_per_s": tokens_per_s,
     }
 
 
@@ -162,7 +234,12 @@ def main() -> int:
         f"max {r['lag_max_ms']:.3f} ms",
         f"lag as share of the step: p50 {r['rel_p50_pct']:.2f} %, p99 {r['rel_p99_pct']:.2f} %",
         f"steps within 5 % of modelled time: {r['within_5pct']:.1f} %",
+        f"wall / modelled time over all steps: {r['time_ratio']:.4f}",
+        f"machine wake-up lateness of a lone 9 ms timer (no load from us): p50 "
+        f"{r['timer_p50_ms']:.3f} ms, p90 {r['timer_p90_ms']:.3f} ms, p99 {r['timer_p99_ms']:.3f} ms",
         f"requests running at the end: {r['running_at_end']:.0f}",
+        f"tokens generated per second (all engines): {r['tokens_per_s']:.0f}",
+        f"simulator process CPU: {r['cpu_share']:.0f} % of one core",
     ]
     print("\n".join(lines))
     if args.write:

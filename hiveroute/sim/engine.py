@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hiveroute.kvindex.tokenizer import BUILTIN_SPECIAL, Tokenizer
+from hiveroute.sim.clock import PreciseTimer
 from hiveroute.sim.config import SimConfig
 from hiveroute.sim.events import EventPublisher
 from hiveroute.sim.faults import FaultKnobs
@@ -36,10 +37,11 @@ OUTPUT_TEXT = (
     " are called, plans are made, results are checked, and the next agent takes over."
 )
 MAX_PINS = 4096
+MAX_STREAM_INTERVAL = 0.1  # longest a streamed token waits for its socket write, seconds
 LAG_SAMPLES = 200_000
 
 
-@dataclass
+@dataclass(slots=True)
 class Output:
     """What one step gave a request: new token ids and text, and whether it finished."""
 
@@ -127,6 +129,7 @@ class SimEngine:
         self._out_ids, self._out_texts = _output_stream(tokenizer, self.eos_token_id)
         self._ids = itertools.count()
         self._wake = asyncio.Event()
+        self._timer = PreciseTimer()
         self._task: asyncio.Task[None] | None = None
         self._handles: dict[int, RequestHandle] = {}
         self._pins: OrderedDict[tuple[int, ...], tuple[list[Block], asyncio.TimerHandle]] = (
@@ -134,6 +137,11 @@ class SimEngine:
         )
         self._reported = (0, 0, 0)  # prefix queries, prefix hits, preemptions already counted
         self.steps = 0
+        # Streams with chunks waiting to be written, and how long they may wait: 0 (every
+        # step) while the engine keeps its modelled time, longer when it falls behind.
+        self.outbox: set[Any] = set()
+        self.stream_interval = 0.0
+        self._last_flush = 0.0
         self.step_lags: deque[tuple[float, float]] = deque(maxlen=LAG_SAMPLES)
         self.url = ""
         self.events_endpoint: str | None = None
@@ -176,6 +184,7 @@ class SimEngine:
         if self.publisher is not None:
             await self.publisher.stop()
             self.publisher = None
+        self._timer.close()
 
     async def restart_events(self) -> None:
         """Fault: restart the KV-event publisher; its sequence numbers start again at 0."""
@@ -266,8 +275,8 @@ class SimEngine:
                     break
             else:
                 handle.text = combined
-        else:
-            handle.text += text
+        elif params.stop:
+            handle.text += text  # kept only to find stop strings that span tokens
         if reason is None and n_out >= request.max_tokens:
             reason = "length"
         if reason is None and len(request.token_ids) >= self.max_model_len:
@@ -285,7 +294,6 @@ class SimEngine:
     # --- the step loop ---------------------------------------------------------------------
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         scheduler = self.scheduler
         cost = self.cost
         scale = self.config.time_scale
@@ -294,17 +302,23 @@ class SimEngine:
         eos = self.eos_token_id
         metrics = self.metrics
         lags = self.step_lags
-        bias = 0.0  # how late the event loop wakes us, learnt as we go (timers round up to 1 ms)
+        timer = self._timer
+        clock = time.monotonic
+        # Tokens are due at step start + modelled time. We wake `lead` seconds early so that,
+        # after handing them out, we are on time; `lead` follows the lateness we observe.
+        lead = 0.0
         while True:
             if not scheduler.has_work():
+                self._flush_outbox(None)
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            started = loop.time()
+            started = clock()
             plan = scheduler.schedule()
             self._publish()
             if not plan:
                 # Everyone waits for blocks that only a pin's expiry or an abort can free.
+                self._flush_outbox(None)
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -312,11 +326,7 @@ class SimEngine:
                 plan.prefill_tokens, plan.attention_pairs, plan.decode_seqs, plan.decode_context
             )
             target = started + duration
-            wake = target - bias
-            delay = wake - loop.time()
-            await asyncio.sleep(delay if delay > 0 else 0)
-            if delay > 0:
-                bias = min(max(0.9 * bias + 0.1 * (loop.time() - wake), 0.0), 0.002)
+            await timer.sleep_until(target - lead)
             self.steps += 1
             stamp = time.monotonic()
             generated = 0
@@ -343,7 +353,27 @@ class SimEngine:
             metrics.generation_tokens.inc(generated)
             metrics.prompt_tokens.inc(plan.prefill_tokens)
             self._publish()
-            lags.append((loop.time() - target, duration))
+            if self.outbox:
+                self._flush_outbox(clock())
+            lag = clock() - target
+            lags.append((lag, duration))
+            lead = min(max(lead + 0.5 * lag, 0.0), 0.5 * duration)
+            if lag > 0.05 * duration:
+                self.stream_interval = min(
+                    max(2 * self.stream_interval, 0.002), MAX_STREAM_INTERVAL
+                )
+            elif lag < 0.01 * duration and self.stream_interval:
+                half = self.stream_interval / 2
+                self.stream_interval = half if half >= 0.001 else 0.0
+
+    def _flush_outbox(self, now: float | None) -> None:
+        """Write the pending chunks of streams whose interval is up (all of them if now=None)."""
+        if now is not None and now - self._last_flush < self.stream_interval:
+            return
+        self._last_flush = now or 0.0
+        outbox, self.outbox = self.outbox, set()
+        for writer in outbox:
+            writer.flush()
 
     def _publish(self) -> None:
         if self.pool.events:

@@ -207,6 +207,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         manager = self.manager
         running = self.running
+        bs = manager.block_size
         scheduled: dict[int, int] = {}  # id(request) -> tokens this step
         i = 0
         while i < len(running) and budget > 0:
@@ -214,6 +215,14 @@ class Scheduler:
             new = len(request.token_ids) - request.num_computed_tokens
             new = min(new, budget, self.max_model_len - 1 - request.num_computed_tokens)
             if new <= 0:
+                i += 1
+                continue
+            computed = request.num_computed_tokens
+            if new == 1 and computed < len(request.blocks) * bs and (computed + 1) % bs:
+                # A decode step inside an allocated, not yet full block: nothing to allocate
+                # or cache (what allocate_slots would conclude, without its cost).
+                scheduled[id(request)] = 1
+                budget -= 1
                 i += 1
                 continue
             allocated = True

@@ -177,11 +177,16 @@ class _ChunkWriter:
     """Writes one stream's SSE chunks straight to the socket from the engine's step loop.
 
     A task switch and an awaited write per token is what limits a Python server at hundreds of
-    streams; here each token costs one formatted string and one transport.write (HTTP chunked
-    framing done by hand, after aiohttp has sent the headers).
+    streams; here each token costs one formatted string, and the socket write (HTTP chunked
+    framing done by hand, after aiohttp has sent the headers) happens at once, or, when the
+    engine is falling behind its modelled time, with the next few tokens of the stream
+    (`SimEngine.stream_interval`): every chunk is still its own SSE event.
     """
 
-    __slots__ = ("chat", "drop_after", "dropped", "engine", "handle", "head", "sent", "transport")
+    __slots__ = (
+        "cache", "chat", "drop_after", "dropped", "engine", "handle", "head", "pending", "sent",
+        "transport",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -200,12 +205,34 @@ class _ChunkWriter:
         self.drop_after = drop_after
         self.sent = 0
         self.dropped = False
+        self.pending: list[bytes] = []
+        self.cache: dict[str, bytes] = {}
 
     def __call__(self, out: Output) -> None:
-        transport = self.transport
-        if transport.is_closing():
-            self.engine.abort(self.handle)  # the client is gone: free its blocks now
-            return
+        framed = self.cache.get(out.text) if out.finish_reason is None else None
+        if framed is None:
+            framed = self._frame(out)
+            if out.finish_reason is None and len(self.cache) < 256:
+                self.cache[out.text] = framed  # the simulated model repeats a few pieces
+        self.pending.append(framed)
+        self.sent += len(out.token_ids)
+        engine = self.engine
+        if (
+            self.drop_after is not None
+            and self.sent >= self.drop_after
+            and out.finish_reason is None
+        ):
+            self.flush()
+            self.dropped = True
+            engine.abort(self.handle)
+            self.transport.abort()  # fault: the connection dies mid-stream
+        elif out.finish_reason is not None or engine.stream_interval == 0.0:
+            self.flush()
+        else:
+            engine.outbox.add(self)
+
+    def _frame(self, out: Output) -> bytes:
+        """One SSE event as an HTTP chunk."""
         text = _dumps(out.text)
         if self.chat:
             choice = f'{{"index":0,"delta":{{"content":{text}}},"logprobs":null,"finish_reason":'
@@ -216,16 +243,19 @@ class _ChunkWriter:
         else:
             choice += f'"{out.finish_reason}","stop_reason":{_dumps(out.stop_reason)}}}'
         data = f"data: {self.head}{choice}]}}\n\n".encode()
-        transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-        self.sent += len(out.token_ids)
-        if (
-            self.drop_after is not None
-            and self.sent >= self.drop_after
-            and out.finish_reason is None
-        ):
-            self.dropped = True
-            self.engine.abort(self.handle)
-            transport.abort()  # fault: the connection dies mid-stream
+        return b"%x\r\n%b\r\n" % (len(data), data)
+
+    def flush(self) -> None:
+        """Send what is pending (called by the engine when the stream's interval is up)."""
+        pending = self.pending
+        if not pending:
+            return
+        self.pending = []
+        transport = self.transport
+        if transport.is_closing():
+            self.engine.abort(self.handle)  # the client is gone: free its blocks now
+            return
+        transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
 
 
 _dumps_cache: dict[Any, str] = {}
