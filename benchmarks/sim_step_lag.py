@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import multiprocessing as mp
 import os
 import platform
@@ -148,6 +149,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
         )
     )
     await fleet.start()
+    gc.freeze()  # as `hiveroute sim` does: the block pools are long-lived, keep them out of GC
     urls = [e.url for e in fleet.engines]
     cpus = sorted(os.sched_getaffinity(0))
     client_cpu = cpus[1] if len(cpus) > 1 and args.pin else None

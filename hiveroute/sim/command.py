@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import re
 
@@ -124,6 +125,9 @@ async def _serve(config: SimConfig) -> None:
 
     fleet = SimFleet(config)
     await fleet.start()
+    # The block pools are hundreds of thousands of long-lived objects: keep them out of the
+    # cyclic collector's full passes, which would otherwise stall every engine's step loop.
+    gc.freeze()
     try:
         for text in fleet.engine_spec_texts():
             print(f"--engine {text}", flush=True)
