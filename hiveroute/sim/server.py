@@ -299,6 +299,8 @@ async def _stream(
         return resp
     writer = _ChunkWriter(engine, handle, transport, head, chat, drop_after)
     handle.sink = writer
+    while not handle.queue.empty():  # tokens of steps that ended while the headers went out
+        writer(handle.queue.get_nowait())
     await handle.done
     if writer.dropped or handle.finish_reason == "abort" or transport.is_closing():
         return resp

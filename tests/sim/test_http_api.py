@@ -206,3 +206,36 @@ async def test_priority_and_cache_salt_over_http(
         body = {"prompt": PROMPT, "max_tokens": 1, "cache_salt": salt, "priority": -1}
         usage = (await (await session.post(url, json=body)).json())["usage"]
         assert (usage["prompt_tokens_details"]["cached_tokens"] > 0) is expect_hit
+
+
+async def test_coalesced_stream_writes_keep_every_chunk(
+    sim_fleet: FleetFactory, session: aiohttp.ClientSession
+) -> None:
+    fleet = await sim_fleet()
+    engine = fleet.engines[0]
+    url = f"{engine.url}/v1/completions"
+    plain = await (await session.post(url, json={"prompt": "hi", "max_tokens": 20})).json()
+    engine.stream_interval = 0.05  # as when the engine falls behind: several tokens per write
+    resp = await session.post(url, json={"prompt": "hi", "max_tokens": 20, "stream": True})
+    events = [ln[6:] for ln in (await resp.text()).split("\n\n") if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) == 20
+    assert "".join(c["choices"][0]["text"] for c in chunks) == plain["choices"][0]["text"]
+
+
+async def test_python_api_submit_and_read_outputs(sim_fleet: FleetFactory) -> None:
+    from hiveroute.sim.engine import SamplingParams
+
+    fleet = await sim_fleet()
+    engine = fleet.engines[0]
+    handle = engine.submit(list(range(100, 140)), SamplingParams(max_tokens=5))
+    outputs = []
+    while True:
+        out = await asyncio.wait_for(handle.queue.get(), 5)
+        outputs.append(out)
+        if out.finish_reason:
+            break
+    await handle.done
+    assert [len(o.token_ids) for o in outputs] == [1] * 5 and outputs[-1].finish_reason == "length"
+    assert handle.completion_tokens == 5 and handle.prompt_tokens == 40
