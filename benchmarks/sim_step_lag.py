@@ -212,7 +212,11 @@ def main() -> int:
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin to CPUs")
     parser.add_argument("--no-write", dest="write", action="store_false", help="only print")
     parser.add_argument("--profile", metavar="FILE", help="write a cProfile of the engines here")
+    parser.add_argument(
+        "--append", action="store_true", help="add this run to the report instead of replacing it"
+    )
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     if args.pin and len(os.sched_getaffinity(0)) > 1:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     try:
@@ -246,19 +250,29 @@ def main() -> int:
     print("\n".join(lines))
     if args.write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(
-            "# Simulator step lag\n\n"
+        section = (
+            f"## {args.engines} engines, {args.streams} streams\n\n"
             f"- date: {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}\n"
-            f"- machine: {_machine()}\n"
+            f"- machine: {_machine()}, load average before the run {load_before:.2f}\n"
             f"- command: `{command}`\n"
             f"- setup: {args.engines} engines (preset {args.preset}) in one process"
             f"{' pinned to one CPU' if args.pin else ''}, {args.streams} concurrent streams from a "
             f"separate client process, prompts of {args.prompt_len} tokens, {args.max_tokens} "
             f"output tokens each, {args.duration:.0f} s with {args.warmup:.0f} s warm-up\n\n"
-            "Lag = wall time at which a step's tokens were handed to their streams minus (step "
-            "start + modelled step time); it includes scheduling, the sleep's wake-up error and "
-            "output processing.\n\n```\n" + "\n".join(lines) + "\n```\n"
+            "```\n" + "\n".join(lines) + "\n```\n\n"
         )
+        header = (
+            "# Simulator step lag\n\n"
+            "Lag = wall time at which a step's tokens were handed to their streams minus (step "
+            "start + modelled step time); it includes scheduling, the timer's wake-up error, "
+            "output processing and waiting for the CPU. The machine line says how late this "
+            "machine wakes a lone precise timer, the floor under any step's lag.\n\n"
+        )
+        if args.append and RESULTS.exists():
+            RESULTS.write_text(RESULTS.read_text() + section)
+        else:
+            RESULTS.parent.mkdir(parents=True, exist_ok=True)
+            RESULTS.write_text(header + section)
         print(f"wrote {RESULTS}")
     return 0
 
