@@ -239,3 +239,37 @@ async def test_python_api_submit_and_read_outputs(sim_fleet: FleetFactory) -> No
     await handle.done
     assert [len(o.token_ids) for o in outputs] == [1] * 5 and outputs[-1].finish_reason == "length"
     assert handle.completion_tokens == 5 and handle.prompt_tokens == 40
+
+
+async def test_preemption_under_memory_pressure_is_counted_and_recovers(
+    sim_fleet: FleetFactory, session: aiohttp.ClientSession
+) -> None:
+    fleet = await sim_fleet(num_blocks=9, block_size=16)  # 8 usable blocks
+    engine = fleet.engines[0]
+    url = f"{engine.url}/v1/completions"
+    bodies = [
+        {"prompt": list(range(base, base + 40)), "max_tokens": 60, "ignore_eos": True}
+        for base in (100, 300)
+    ]
+    # Each needs 7 blocks at its end; together they outgrow the pool, so one is preempted and
+    # recomputed later: both still finish with every token.
+    results = await asyncio.gather(*(session.post(url, json=b) for b in bodies))
+    usages = [(await r.json())["usage"] for r in results]
+    assert [u["completion_tokens"] for u in usages] == [60, 60]
+    values = await _metrics(session, engine.url)
+    assert values["vllm:num_preemptions_total"] == engine.state()["preemptions"] >= 1
+
+
+async def test_chunked_prefill_over_http(
+    sim_fleet: FleetFactory, session: aiohttp.ClientSession
+) -> None:
+    fleet = await sim_fleet(max_num_batched_tokens=16)
+    engine = fleet.engines[0]
+    prompt = list(range(100, 200))  # 100 tokens: 7 steps of at most 16 tokens before the first
+    out = await (
+        await session.post(f"{engine.url}/v1/completions", json={"prompt": prompt, "max_tokens": 1})
+    ).json()
+    assert out["usage"]["prompt_tokens"] == 100
+    assert engine.steps == 7
+    values = await _metrics(session, engine.url)
+    assert values["vllm:prompt_tokens_total"] == 100
