@@ -259,13 +259,16 @@ class Scheduler:
                 new = min(new, budget)
                 if not manager.allocate_slots(request, 0, new, hits):
                     break
-                if request.num_preemptions:
+                if request.num_preemptions == 0:
+                    request.prompt_cached_tokens = hit_tokens
+                if not manager.enable_caching:
+                    pass  # vLLM records no prefix-cache queries without prefix caching
+                elif request.num_preemptions:
                     stats.preempted_queries += len(request.token_ids)
                     stats.preempted_hits += hit_tokens
                 else:
                     stats.queries += len(request.token_ids)
                     stats.hits += hit_tokens
-                    request.prompt_cached_tokens = hit_tokens
                 waiting.pop()
                 request.status = RUNNING
                 request.num_computed_tokens = hit_tokens

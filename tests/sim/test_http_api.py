@@ -273,3 +273,17 @@ async def test_chunked_prefill_over_http(
     assert engine.steps == 7
     values = await _metrics(session, engine.url)
     assert values["vllm:prompt_tokens_total"] == 100
+
+
+async def test_without_prefix_caching_nothing_is_reused_or_published(
+    sim_fleet: FleetFactory, session: aiohttp.ClientSession
+) -> None:
+    fleet = await sim_fleet(enable_prefix_caching=False)
+    engine = fleet.engines[0]
+    url = f"{engine.url}/v1/completions"
+    for _ in range(2):
+        out = await (await session.post(url, json={"prompt": PROMPT, "max_tokens": 1})).json()
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    values = await _metrics(session, engine.url)
+    assert values["vllm:prefix_cache_queries_total"] == 0
+    assert engine.publisher is not None and engine.publisher.batches_sent == 0
