@@ -86,6 +86,11 @@ class RequestHandle:
     emitted_text_len: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    plain: bool = False  # no stop strings or ids: the step loop's fast path applies
+
+    def __post_init__(self) -> None:
+        p = self.params
+        self.plain = not p.stop and not p.stop_token_ids
 
     @property
     def prompt_tokens(self) -> int:
@@ -246,6 +251,19 @@ class SimEngine:
         params = handle.params
         n_out = request.num_output_tokens
         token = new_ids[-1]
+        if (
+            handle.plain
+            and token != self.eos_token_id
+            and n_out < request.max_tokens
+            and len(request.token_ids) < self.max_model_len
+        ):
+            # The common case (no stop conditions, not the last token): straight to the client.
+            out = Output(new_ids, self._out_texts[(n_out - 1) % len(self._out_texts)])
+            if handle.sink is not None:
+                handle.sink(out)
+            else:
+                handle.queue.put_nowait(out)
+            return
         text = (
             ""
             if token == self.eos_token_id
