@@ -1,0 +1,121 @@
+"""Engine faults through the router, driven by the simulator's fault knobs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from hiveroute.sim import SimConfig, SimFleet
+from tests.conftest import RouterFactory
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[SimFleet]:
+    fleet = SimFleet(SimConfig(engines=2, base_port=0, events_base_port=0, preset="fast"))
+    await fleet.start()
+    yield fleet
+    await fleet.stop()
+
+
+def body(stream: bool = True, max_tokens: int = 8) -> dict[str, object]:
+    return {
+        "model": fleet_model(),
+        "prompt": "the agent plans the task",
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+
+
+def fleet_model() -> str:
+    from hiveroute.sim.presets import get_preset
+
+    return get_preset("fast").model
+
+
+def engine_name(url: str) -> str:
+    return url.removeprefix("http://")
+
+
+async def test_engine_dying_mid_stream(
+    fleet: SimFleet, router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    dying, healthy = fleet.engines
+    dying.faults.update({"drop_fraction": 1.0, "drop_after_tokens": 2})
+    router = await router_factory(
+        [e.url for e in fleet.engines], policy="round_robin", health_interval_s=60
+    )
+    served_by: list[str] = []
+    for _ in range(2):  # round robin: one of the two lands on the dying engine
+        async with http.post(f"{router.url}/v1/completions", json=body()) as resp:
+            assert resp.status == 200
+            served_by.append(resp.headers["X-Hiveroute-Engine"])
+            text = (await resp.read()).decode()
+        events = [e.removeprefix("data: ") for e in text.split("\n\n") if e.strip()]
+        assert events[-1] == "[DONE]", "every stream ends, broken or not"
+        if resp.headers["X-Hiveroute-Engine"] == engine_name(dying.url):
+            error = json.loads(events[-2])["error"]
+            assert error["code"] == "upstream_disconnected"
+            assert sum(1 for e in events if '"text"' in e) == 2  # tokens before the cut arrived
+        else:
+            assert '"error"' not in text
+    assert engine_name(dying.url) in served_by
+    pool = router.router.pool
+    assert not pool.get(engine_name(dying.url)).healthy  # type: ignore[union-attr]
+    for _ in range(4):  # new requests go elsewhere
+        async with http.post(f"{router.url}/v1/completions", json=body(stream=False)) as resp:
+            assert resp.status == 200
+            assert resp.headers["X-Hiveroute-Engine"] == engine_name(healthy.url)
+
+
+async def test_engine_hanging_before_first_token_is_retried_elsewhere(
+    fleet: SimFleet, router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    hung, healthy = fleet.engines
+    hung.faults.update({"stall_first_token_s": 60})
+    router = await router_factory(
+        [e.url for e in fleet.engines],
+        policy="round_robin",
+        first_byte_timeout_s=0.5,
+        health_interval_s=60,
+    )
+    for _ in range(3):
+        async with http.post(f"{router.url}/v1/completions", json=body()) as resp:
+            assert resp.status == 200
+            assert resp.headers["X-Hiveroute-Engine"] == engine_name(healthy.url)
+            assert (await resp.read()).rstrip().endswith(b"[DONE]")
+    metrics = await (await http.get(f"{router.url}/metrics")).text()
+    assert f'hiveroute_retries_total{{engine="{engine_name(hung.url)}"}} 1.0' in metrics
+
+
+async def test_failing_engine_answers_are_retried_or_passed_through(
+    fleet: SimFleet, router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    bad, good = fleet.engines
+    bad.faults.update({"fail_fraction": 1.0, "fail_status": 503})
+    router = await router_factory(
+        [e.url for e in fleet.engines], policy="round_robin", health_interval_s=60
+    )
+    for _ in range(3):  # 503 means "try elsewhere"
+        async with http.post(f"{router.url}/v1/completions", json=body(stream=False)) as resp:
+            assert resp.status == 200 and resp.headers["X-Hiveroute-Engine"] == engine_name(
+                good.url
+            )
+
+
+async def test_every_engine_down_gives_503_at_once_without_pile_up(
+    fleet: SimFleet, router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    router = await router_factory([e.url for e in fleet.engines], health_interval_s=0.2)
+    await fleet.stop()
+    statuses = await asyncio.gather(
+        *(http.post(f"{router.url}/v1/completions", json=body()) for _ in range(50))
+    )
+    assert {r.status for r in statuses} == {503}
+    for r in statuses:
+        assert (await r.json())["error"]["code"] == "no_engine_available"
+    assert router.router.admission.in_flight == 0 and router.router.admission.waiting == 0
+    assert all(e.load.in_flight == 0 for e in router.router.pool.engines)
