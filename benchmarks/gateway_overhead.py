@@ -93,7 +93,7 @@ def pin(core: int) -> None:
 
 
 def start(cmd: list[str], core: int, log: Path) -> subprocess.Popen[bytes]:
-    out = open(log, "wb")  # noqa: SIM115 - lives as long as the process
+    out = open(log, "wb")
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=lambda: pin(core))
 
 

@@ -82,6 +82,7 @@ class Engine:
     consecutive_failures: int = 0
     last_error: str | None = None
     down_since: float | None = None
+    down_but_reachable: bool = False
     block_size: int | None = None
 
     @property
@@ -96,14 +97,17 @@ class Engine:
         """Whether this engine can take a request for `model` (unknown models list: assume yes)."""
         return model is None or not self.models or model in self.models
 
-    def mark_down(self, reason: str) -> None:
+    def mark_down(self, reason: str, *, slow: bool = False) -> None:
+        """Take the engine out. `slow`: it timed out but was reachable (overloaded, not dead)."""
         if self.healthy:
             self.down_since = time.monotonic()
         self.healthy = False
         self.last_error = reason
+        self.down_but_reachable = slow
 
     def mark_up(self) -> None:
         self.healthy = True
         self.consecutive_failures = 0
         self.down_since = None
         self.last_error = None
+        self.down_but_reachable = False

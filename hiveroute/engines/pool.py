@@ -39,6 +39,7 @@ class EnginePool:
         self._on_added: list[EngineListener] = []
         self._on_removed: list[EngineListener] = []
         self._task: asyncio.Task[None] | None = None
+        self.panic_routings = 0  # times routing fell back to slow engines as none was healthy
         self._session: aiohttp.ClientSession | None = None
         for spec in specs:
             self.add(spec)
@@ -78,8 +79,21 @@ class EnginePool:
     # selection ------------------------------------------------------------------------------
 
     def candidates(self, model: str | None) -> list[Engine]:
-        """Healthy engines that serve `model`."""
-        return [e for e in self._engines.values() if e.healthy and e.serves(model)]
+        """Healthy engines that serve `model`.
+
+        When none is healthy but some were taken out only for being slow (timeouts, not refused
+        connections), those are returned instead: under overload every engine answers its
+        health check late, and refusing all traffic then would turn a slowdown into an outage.
+        Engines that cannot be reached at all stay out, so a dead fleet still gets a quick 503.
+        """
+        serving = [e for e in self._engines.values() if e.serves(model)]
+        healthy = [e for e in serving if e.healthy]
+        if healthy:
+            return healthy
+        slow = [e for e in serving if e.down_but_reachable]
+        if slow:
+            self.panic_routings += 1
+        return slow
 
     def known_models(self) -> set[str]:
         models: set[str] = set()
@@ -95,12 +109,15 @@ class EnginePool:
 
     # health ---------------------------------------------------------------------------------
 
-    def report_failure(self, engine: Engine, reason: str) -> None:
-        """A request could not reach the engine: take it out now; the checker brings it back."""
+    def report_failure(self, engine: Engine, reason: str, *, slow: bool = False) -> None:
+        """A request failed on the engine: take it out now; the checker brings it back.
+
+        `slow`: the engine was reached but did not answer in time.
+        """
         engine.consecutive_failures += 1
         if engine.healthy:
             log.warning("engine %s taken out: %s", engine.name, reason)
-        engine.mark_down(reason)
+        engine.mark_down(reason, slow=slow)
 
     def report_success(self, engine: Engine) -> None:
         engine.consecutive_failures = 0
@@ -146,10 +163,13 @@ class EnginePool:
                     self._apply_metrics(engine, await resp.text())
         except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError, KeyError) as exc:
             reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            slow = isinstance(exc, TimeoutError)
             engine.consecutive_failures += 1
             if engine.healthy and engine.consecutive_failures >= self.failures_to_down:
                 log.warning("engine %s is down: %s", engine.name, reason)
-                engine.mark_down(reason)
+                engine.mark_down(reason, slow=slow)
+            elif not engine.healthy:
+                engine.down_but_reachable = slow
             return
         if not engine.healthy:
             log.info("engine %s is back", engine.name)

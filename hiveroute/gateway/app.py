@@ -81,7 +81,12 @@ async def handle_health(request: web.Request) -> web.Response:
         "ok" if healthy == len(engines) and engines else ("degraded" if healthy else "unavailable")
     )
     return web.json_response(
-        {"status": status, "policy": router.policy.name, "engines": engines},
+        {
+            "status": status,
+            "policy": router.policy.name,
+            "engines": engines,
+            "panic_routings": router.pool.panic_routings,
+        },
         status=200 if healthy else 503,
     )
 

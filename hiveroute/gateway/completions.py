@@ -110,7 +110,7 @@ async def _route_and_relay(router: Router, request: web.Request) -> web.StreamRe
         except EngineUnreachable as exc:
             engine.load.in_flight -= 1
             last_error = str(exc)
-            router.pool.report_failure(engine, last_error)
+            router.pool.report_failure(engine, last_error, slow=exc.slow)
             router.metrics.retries.labels(engine.name).inc()
             policy.on_completed(
                 routing_request, RequestOutcome(engine=engine, status=502, error=last_error), state

@@ -34,7 +34,14 @@ RETRY_STATUSES = {502, 503, 504}
 
 
 class EngineUnreachable(Exception):
-    """The engine could not be reached or sent nothing back: safe to try another engine."""
+    """The engine could not be reached or sent nothing back: safe to try another engine.
+
+    `slow`: it was reached but did not answer in time (overloaded or hung, not refused).
+    """
+
+    def __init__(self, message: str, *, slow: bool = False) -> None:
+        super().__init__(message)
+        self.slow = slow
 
 
 @dataclass
@@ -81,7 +88,7 @@ async def send_upstream(
             timeout=first_byte_timeout_s if stream else request_timeout_s,
         )
     except TimeoutError:
-        raise EngineUnreachable(f"no response from {engine.name} in time") from None
+        raise EngineUnreachable(f"no response from {engine.name} in time", slow=True) from None
     except aiohttp.ClientError as exc:
         raise EngineUnreachable(f"{engine.name}: {type(exc).__name__}: {exc}") from None
     if response.status in RETRY_STATUSES:
@@ -97,7 +104,8 @@ async def send_upstream(
         except (TimeoutError, aiohttp.ClientError) as exc:
             response.close()
             raise EngineUnreachable(
-                f"{engine.name} sent no first byte ({type(exc).__name__})"
+                f"{engine.name} sent no first byte ({type(exc).__name__})",
+                slow=isinstance(exc, TimeoutError),
             ) from None
         if not answer.first_chunk:
             response.close()

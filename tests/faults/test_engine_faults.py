@@ -119,3 +119,40 @@ async def test_every_engine_down_gives_503_at_once_without_pile_up(
         assert (await r.json())["error"]["code"] == "no_engine_available"
     assert router.router.admission.in_flight == 0 and router.router.admission.waiting == 0
     assert all(e.load.in_flight == 0 for e in router.router.pool.engines)
+
+
+async def test_slow_health_checks_do_not_turn_overload_into_an_outage(
+    router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    from tests.support.fake_engine import FakeEngine
+
+    engines = [FakeEngine(), FakeEngine()]
+    for engine in engines:
+        await engine.start()
+    try:
+        router = await router_factory([e.url for e in engines], health_interval_s=0.1)
+        router.router.pool.health_timeout_s = 0.2
+        for engine in engines:
+            engine.behaviour.health_stall_s = 1.0  # overloaded: health answers late
+        pool = router.router.pool
+        for _ in range(100):
+            if not any(e.healthy for e in pool.engines):
+                break
+            await asyncio.sleep(0.05)
+        assert not any(e.healthy for e in pool.engines)
+        assert all(e.down_but_reachable for e in pool.engines)
+        resp = await http.post(f"{router.url}/v1/completions", json={"model": "m", "prompt": "p"})
+        assert resp.status == 200, "slow engines still serve when nothing better exists"
+        health = await (await http.get(f"{router.url}/health")).json()
+        assert health["panic_routings"] >= 1
+        await engines[0].stop()  # now one engine is dead, not slow
+        await engines[1].stop()
+        for _ in range(100):
+            if not any(e.down_but_reachable for e in pool.engines):
+                break
+            await asyncio.sleep(0.05)
+        resp = await http.post(f"{router.url}/v1/completions", json={"model": "m", "prompt": "p"})
+        assert resp.status == 503, "unreachable engines are not tried"
+    finally:
+        for engine in engines:
+            await engine.stop()

@@ -25,6 +25,7 @@ class FakeEngineBehaviour:
     hold_after_chunk: int | None = None  # stream pauses after this chunk until `release` is set
     die_after_chunk: int | None = None  # stream connection is cut after this chunk
     healthy: bool = True
+    health_stall_s: float = 0.0  # /health answers this late (an overloaded engine)
     running: int = 0
     waiting: int = 0
 
@@ -69,6 +70,8 @@ class FakeEngine:
         return web.json_response({"object": "list", "data": data})
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.behaviour.health_stall_s:
+            await asyncio.sleep(self.behaviour.health_stall_s)
         return web.Response(status=200 if self.behaviour.healthy else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
