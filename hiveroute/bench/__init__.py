@@ -1,0 +1,1 @@
+"""The benchmark harness: workloads, a driver, targets, engines and reports (`hiveroute bench`)."""

@@ -1,0 +1,265 @@
+"""A benchmark run: targets x workloads, interleaved in slices, written to one directory.
+
+Every target gets its own engines (same kind, count and preset), so no target warms the cache
+of another. The run is cut into slices; in each slice every (workload, target) cell runs its
+share of the workload, targets in a rotating order, so a noisy neighbour on the machine hits all
+targets alike instead of whichever happened to run last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from hiveroute.bench import plots
+from hiveroute.bench.driver import CellRun, DriverOptions
+from hiveroute.bench.engines import EngineOptions, Fleet, start_fleet
+from hiveroute.bench.environment import describe_environment
+from hiveroute.bench.loadsampler import LoadSampler
+from hiveroute.bench.progress import ProgressBar
+from hiveroute.bench.records import LoadSample, RequestRecord, UnitRecord
+from hiveroute.bench.summary import markdown_table, summarize_cell
+from hiveroute.bench.targets import RunningTarget, TargetSpec, start_target
+from hiveroute.bench.workloads import build_workload
+from hiveroute.bench.workloads.base import Unit
+
+
+@dataclass
+class RunOptions:
+    targets: list[TargetSpec]
+    workloads: list[str]
+    workload_args: argparse.Namespace
+    driver: DriverOptions
+    engines: EngineOptions
+    out_dir: Path
+    slices: int = 1
+    seed: int = 0
+    name: str = "bench"
+    command: list[str] = field(default_factory=list)
+    quiet: bool = False
+    # How engines are started (tests substitute their own); default: `start_fleet`.
+    fleet_factory: Callable[[EngineOptions, Path], Awaitable[Fleet]] | None = None
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    cells: list[dict[str, Any]]
+    table: str
+
+
+@dataclass
+class _Cell:
+    target: str
+    workload: str
+    records: list[RequestRecord] = field(default_factory=list)
+    units: list[UnitRecord] = field(default_factory=list)
+    loads: list[LoadSample] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def split_slices(units: list[Unit], slices: int) -> list[list[Unit]]:
+    """Contiguous slices of about equal size, each one's arrivals starting at 0."""
+    out: list[list[Unit]] = []
+    n = len(units)
+    for s in range(slices):
+        part = units[s * n // slices : (s + 1) * n // slices]
+        if part:
+            base = part[0].arrival_s
+            for unit in part:
+                unit.arrival_s -= base
+        out.append(part)
+    return out
+
+
+async def _model_of(http: aiohttp.ClientSession, url: str) -> str:
+    try:
+        async with http.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            data = await r.json(content_type=None)
+            return str(data["data"][0]["id"])
+    except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, IndexError, TypeError, ValueError):
+        raise RuntimeError(f"{url}/v1/models lists no model") from None
+
+
+async def run_benchmark(options: RunOptions) -> RunResult:
+    started = datetime.now(timezone.utc)
+    run_dir = options.out_dir / f"{started:%Y%m%d-%H%M%S}-{options.name}"
+    suffix = 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = options.out_dir / f"{started:%Y%m%d-%H%M%S}-{options.name}-{suffix}"
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True)
+    nonce = secrets.token_hex(3)
+
+    # The same units for every target, but each target's prompts start with its own word.
+    plans: dict[tuple[str, str], list[list[Unit]]] = {}
+    described: dict[str, Any] = {}
+    for ti, target in enumerate(options.targets):
+        for workload_name in options.workloads:
+            workload = build_workload(
+                workload_name, options.workload_args, options.seed, f"run{nonce}t{ti}"
+            )
+            described[workload_name] = workload.describe()
+            plans[(target.label, workload_name)] = split_slices(
+                list(workload.units()), options.slices
+            )
+
+    fleets: list[Fleet] = []
+    running: list[RunningTarget] = []
+    cells = {key: _Cell(*key) for key in plans}
+    run_t0 = time.perf_counter()
+    try:
+        for target in options.targets:
+            tag = target.label.replace(":", "-")
+            _say(options, f"starting {options.engines.count} {options.engines.kind} engines and {target.label}")
+            factory = options.fleet_factory or start_fleet
+            fleet = await factory(options.engines, logs / f"engines-{tag}.log")
+            fleets.append(fleet)
+            running.append(await start_target(target, fleet, logs))
+        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            models = [await _model_of(http, t.url) for t in running]
+            slice_driver = DriverOptions(
+                **{**options.driver.__dict__, "duration_s": options.driver.duration_s / options.slices}
+            )
+            for s in range(options.slices):
+                order = list(range(len(running)))
+                order = order[s % len(order) :] + order[: s % len(order)]
+                for workload_name in options.workloads:
+                    for ti in order:
+                        target, fleet, model = running[ti], fleets[ti], models[ti]
+                        cell = cells[(target.spec.label, workload_name)]
+                        units = plans[(target.spec.label, workload_name)][s]
+                        await _run_slice(
+                            http, cell, target, fleet, model, units, slice_driver, options,
+                            f"{target.spec.label} {workload_name} {s + 1}/{options.slices}",
+                            lambda: time.perf_counter() - run_t0,
+                        )
+    finally:
+        for target in running:
+            await target.stop()
+        for fleet in fleets:
+            await fleet.stop()
+
+    summaries = []
+    for cell in cells.values():
+        summary = summarize_cell(cell.records, cell.units, cell.loads, cell.wall_s)
+        summaries.append({"target": cell.target, "workload": cell.workload, **summary})
+    table = markdown_table(summaries)
+    meta = {
+        "started_utc": started.isoformat(timespec="seconds"),
+        "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": options.command,
+        "environment": describe_environment(),
+        "targets": [t.label for t in options.targets],
+        "workloads": described,
+        "engines": options.engines.__dict__,
+        "driver": options.driver.__dict__,
+        "slices": options.slices,
+        "seed": options.seed,
+    }
+    _write(run_dir, cells, summaries, table, meta, options.workloads)
+    return RunResult(run_dir, summaries, table)
+
+
+async def _run_slice(
+    http: aiohttp.ClientSession,
+    cell: _Cell,
+    target: RunningTarget,
+    fleet: Fleet,
+    model: str,
+    units: list[Unit],
+    driver: DriverOptions,
+    options: RunOptions,
+    label: str,
+    clock: Any,
+) -> None:
+    if not units:
+        return
+    bar = None
+    if not options.quiet:
+        bar = ProgressBar(label, sum(u.planned_requests for u in units))
+    run = CellRun(
+        http, target.url, model, target=cell.target, workload=cell.workload, options=driver,
+        progress=bar,
+    )
+    started = time.perf_counter()
+    async with LoadSampler(http, fleet.urls, clock) as sampler:
+        await run.run(units)
+    cell.wall_s += time.perf_counter() - started
+    if bar is not None:
+        bar.close()
+    cell.records.extend(run.records)
+    cell.units.extend(run.units)
+    cell.loads.extend(sampler.samples)
+
+
+def _say(options: RunOptions, text: str) -> None:
+    if not options.quiet:
+        import sys
+
+        print(text, file=sys.stderr, flush=True)
+
+
+def _write(
+    run_dir: Path,
+    cells: dict[tuple[str, str], _Cell],
+    summaries: list[dict[str, Any]],
+    table: str,
+    meta: dict[str, Any],
+    workloads: list[str],
+) -> None:
+    with (run_dir / "requests.jsonl").open("w") as f:
+        for cell in cells.values():
+            for r in cell.records:
+                f.write(json.dumps(r.to_json()) + "\n")
+    with (run_dir / "units.jsonl").open("w") as f:
+        for cell in cells.values():
+            for u in cell.units:
+                f.write(json.dumps(u.to_json()) + "\n")
+    with (run_dir / "load.jsonl").open("w") as f:
+        for cell in cells.values():
+            for s in cell.loads:
+                f.write(json.dumps({"target": cell.target, **s.to_json()}) + "\n")
+    (run_dir / "summary.json").write_text(json.dumps({**meta, "cells": summaries}, indent=2))
+    records = [r for cell in cells.values() for r in cell.records]
+    plots.ttft_cdf(records, workloads, run_dir / "ttft_cdf.png")
+    plots.hit_rate(summaries, run_dir / "hit_rate.png")
+    plots.engine_load(
+        [(cell.target, s) for cell in cells.values() for s in cell.loads], run_dir / "engine_load.png"
+    )
+    env = meta["environment"]
+    lines = [
+        f"# hiveroute bench: {', '.join(meta['targets'])} × {', '.join(workloads)}",
+        "",
+        f"- date (UTC): {meta['started_utc']} – {meta['finished_utc']}",
+        f"- machine: {env.get('cpu_model')} × {env.get('cpu_count')} CPUs, {env.get('platform')}",
+        f"- hiveroute: {env.get('git_commit') or 'unknown commit'}; Python {env.get('python')}",
+        f"- engines: {meta['engines']['count']} × {meta['engines']['kind']} "
+        f"(preset {meta['engines']['preset']}) per target; slices: {meta['slices']}",
+        f"- command: `{' '.join(meta['command'])}`",
+        "",
+        table,
+        "",
+        "TTFT, TPOT (time per output token) and e2e are per request; *workflow* is a unit's "
+        "completion time (a workflow, a chat session, or one trace request); *hand-off* is from "
+        "the last token of the step(s) a request depends on to its own first token, minus the "
+        "planned tool or think time; *hit rate* is cached / prompt tokens from `usage`.",
+        "",
+        "![TTFT CDF](ttft_cdf.png) ![hit rate](hit_rate.png) ![engine load](engine_load.png)",
+        "",
+        "Files: `requests.jsonl` (one line per request), `units.jsonl`, `load.jsonl`, "
+        "`summary.json`, `logs/`.",
+    ]
+    (run_dir / "report.md").write_text("\n".join(lines) + "\n")

@@ -1,0 +1,136 @@
+"""Figures from records: one summary per (target, workload) cell."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from hiveroute.bench.records import LoadSample, RequestRecord, UnitRecord
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) by linear interpolation; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _stats(values: Sequence[float], prefix: str) -> dict[str, float | None]:
+    return {
+        f"{prefix}_mean": (sum(values) / len(values)) if values else None,
+        f"{prefix}_p50": percentile(values, 50),
+        f"{prefix}_p90": percentile(values, 90),
+        f"{prefix}_p99": percentile(values, 99),
+    }
+
+
+def summarize_cell(
+    records: Sequence[RequestRecord],
+    units: Sequence[UnitRecord],
+    loads: Sequence[LoadSample],
+    wall_s: float,
+) -> dict[str, Any]:
+    measured = [r for r in records if not r.cut]
+    ok = [r for r in measured if r.ok]
+    prompt = sum(r.prompt_tokens or 0 for r in ok)
+    cached_known = [r for r in ok if r.cached_tokens is not None]
+    cached = sum(r.cached_tokens or 0 for r in cached_known)
+    prompt_with_cached = sum(r.prompt_tokens or 0 for r in cached_known)
+    completion = sum(r.completion_tokens or 0 for r in ok)
+    itl = [gap for r in ok for gap in r.itl_s]
+    handoff_net = [
+        r.handoff_s - r.planned_gap_s for r in ok if r.handoff_s is not None
+    ]
+    done_units = [u for u in units if not u.cut and u.error is None and u.end_s is not None]
+    summary: dict[str, Any] = {
+        "requests": len(records),
+        "ok": len(ok),
+        "errors": len(measured) - len(ok),
+        "cut": len(records) - len(measured),
+        "error_examples": sorted({r.error or "" for r in measured if not r.ok})[:5],
+        "units": len(units),
+        "units_completed": len(done_units),
+        "units_failed": sum(1 for u in units if u.error is not None),
+        "wall_s": wall_s,
+        "prompt_tokens": prompt,
+        "cached_tokens": cached if cached_known else None,
+        "completion_tokens": completion,
+        "hit_rate": (cached / prompt_with_cached) if prompt_with_cached else None,
+        "engine_hit_rate": engine_hit_rate(loads),
+        "output_tokens_per_s": completion / wall_s if wall_s > 0 else None,
+        **_stats([r.ttft_s for r in ok if r.ttft_s is not None], "ttft_s"),
+        **_stats([r.tpot_s for r in ok if r.tpot_s is not None], "tpot_s"),
+        **_stats(itl, "itl_s"),
+        **_stats([r.e2e_s for r in ok if r.e2e_s is not None], "e2e_s"),
+        **_stats([u.duration_s for u in done_units if u.duration_s is not None], "unit_s"),
+        **_stats(handoff_net, "handoff_s"),
+        "requests_per_engine": requests_per_engine(ok),
+    }
+    return summary
+
+
+def requests_per_engine(records: Iterable[RequestRecord]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in records:
+        if r.engine:
+            counts[r.engine] = counts.get(r.engine, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def engine_hit_rate(loads: Sequence[LoadSample]) -> float | None:
+    """Prefix-cache hits / queries over the cell, from the engines' own counters."""
+    first: dict[str, LoadSample] = {}
+    last: dict[str, LoadSample] = {}
+    for s in loads:
+        if s.prefix_queries is None or s.prefix_hits is None:
+            continue
+        first.setdefault(s.engine, s)
+        last[s.engine] = s
+    queries = sum((last[e].prefix_queries or 0) - (first[e].prefix_queries or 0) for e in last)
+    hits = sum((last[e].prefix_hits or 0) - (first[e].prefix_hits or 0) for e in last)
+    return hits / queries if queries > 0 else None
+
+
+TABLE_COLUMNS = (
+    ("target", "target", "{}"),
+    ("workload", "workload", "{}"),
+    ("ok", "ok", "{}"),
+    ("errors", "err", "{}"),
+    ("ttft_s_p50", "TTFT p50 ms", "ms"),
+    ("ttft_s_p90", "TTFT p90 ms", "ms"),
+    ("ttft_s_p99", "TTFT p99 ms", "ms"),
+    ("tpot_s_p50", "TPOT p50 ms", "ms"),
+    ("e2e_s_p50", "e2e p50 s", "s"),
+    ("unit_s_p50", "workflow p50 s", "s"),
+    ("handoff_s_p50", "hand-off p50 ms", "ms"),
+    ("hit_rate", "hit rate", "pct"),
+    ("output_tokens_per_s", "out tok/s", "int"),
+)
+
+
+def _fmt(value: Any, how: str) -> str:
+    if value is None:
+        return "–"
+    if how == "ms":
+        return f"{value * 1000:.0f}"
+    if how == "s":
+        return f"{value:.2f}"
+    if how == "pct":
+        return f"{value * 100:.1f}%"
+    if how == "int":
+        return f"{value:.0f}"
+    return str(value)
+
+
+def markdown_table(cells: Sequence[dict[str, Any]]) -> str:
+    head = "| " + " | ".join(title for _, title, _ in TABLE_COLUMNS) + " |"
+    rule = "|" + "|".join("---" if how == "{}" else "---:" for _, _, how in TABLE_COLUMNS) + "|"
+    rows = [
+        "| " + " | ".join(_fmt(cell.get(key), how) for key, _, how in TABLE_COLUMNS) + " |"
+        for cell in cells
+    ]
+    return "\n".join([head, rule, *rows])
