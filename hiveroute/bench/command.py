@@ -62,12 +62,17 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, slices: int) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     d = DriverOptions()
     g = parser.add_argument_group("driver")
-    g.add_argument("--mode", choices=MODES, default=d.mode, help="open loop (by schedule) or closed")
+    g.add_argument(
+        "--mode", choices=MODES, default=d.mode, help="open loop (by schedule) or closed"
+    )
     g.add_argument(
         "--concurrency", type=positive_int, default=d.concurrency, help="closed loop: units at once"
     )
     g.add_argument(
-        "--max-requests", type=non_negative_int, default=0, help="request budget per cell (0 = none)"
+        "--max-requests",
+        type=non_negative_int,
+        default=0,
+        help="request budget per cell (0 = none)",
     )
     g.add_argument(
         "--duration",
@@ -75,7 +80,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, slices: int) -> None:
         default=d.duration_s,
         help="seconds after which a cell starts nothing new",
     )
-    g.add_argument("--grace", type=positive_float, default=d.grace_s, help="seconds to finish after")
+    g.add_argument(
+        "--grace", type=positive_float, default=d.grace_s, help="seconds to finish after"
+    )
     g.add_argument("--request-timeout", type=positive_float, default=d.request_timeout_s)
     g.add_argument(
         "--no-ignore-eos",

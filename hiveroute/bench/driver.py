@@ -269,7 +269,7 @@ class CellRun:
                     _read_usage(chunk, record)
                 if not done:
                     record.error = "stream ended before [DONE]"
-        except asyncio.TimeoutError:
+        except TimeoutError:
             record.error = f"timed out after {self.options.request_timeout_s:g}s"
         except aiohttp.ClientError as exc:
             record.error = f"{type(exc).__name__}: {exc}"

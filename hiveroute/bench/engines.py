@@ -69,7 +69,7 @@ async def _start_sim(options: EngineOptions, log_path: Path) -> Fleet:
     try:
         line = await asyncio.wait_for(child.proc.stdout.readline(), options.startup_timeout_s)
         info = json.loads(line) if line else None
-    except (asyncio.TimeoutError, ValueError):
+    except (TimeoutError, ValueError):
         info = None
     if not info:
         await child.stop()
@@ -85,13 +85,36 @@ async def _start_sim(options: EngineOptions, log_path: Path) -> Fleet:
 
 
 async def _start_vllm(options: EngineOptions, log_path: Path) -> Fleet:
-    try:
-        from hiveroute.engines import vllm_local  # type: ignore[attr-defined]
-    except ImportError:
+    from hiveroute.engines import vllm_local
+
+    if not vllm_local.vllm_available():
         raise ConfigError(
-            "real vLLM engines need hiveroute.engines.vllm_local, which this build lacks"
-        ) from None
-    handle = await vllm_local.start_fleet(  # the lead's launcher (see hiveroute/engines)
-        count=options.count, log_dir=log_path.parent
+            f"no vLLM environment at {vllm_local.vllm_python()}; run scripts/ensure-vllm or set "
+            "HIVEROUTE_VLLM_PYTHON"
+        )
+    model_dir = await asyncio.to_thread(vllm_local.make_tiny_model)
+    servers = await vllm_local.start_vllm_servers(options.count, model_dir, log_dir=log_path.parent)
+    return Fleet(
+        specs=[_spec_text(s.spec) for s in servers],
+        urls=[s.url for s in servers],
+        kind="vllm",
+        _handle=_VllmHandle(servers),
     )
-    return Fleet(specs=list(handle.spec_texts()), urls=list(handle.urls), kind="vllm", _handle=handle)
+
+
+def _spec_text(spec: Any) -> str:
+    parts = [spec.url]
+    if spec.events:
+        parts.append(f"events={spec.events}")
+    if spec.replay:
+        parts.append(f"replay={spec.replay}")
+    return ",".join(parts)
+
+
+class _VllmHandle:
+    def __init__(self, servers: list[Any]) -> None:
+        self.servers = servers
+
+    async def stop(self) -> None:
+        for server in self.servers:
+            await asyncio.to_thread(server.stop)

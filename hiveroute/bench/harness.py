@@ -9,13 +9,12 @@ targets alike instead of whichever happened to run last.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -87,12 +86,12 @@ async def _model_of(http: aiohttp.ClientSession, url: str) -> str:
         async with http.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as r:
             data = await r.json(content_type=None)
             return str(data["data"][0]["id"])
-    except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, IndexError, TypeError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, KeyError, IndexError, TypeError, ValueError):
         raise RuntimeError(f"{url}/v1/models lists no model") from None
 
 
 async def run_benchmark(options: RunOptions) -> RunResult:
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     run_dir = options.out_dir / f"{started:%Y%m%d-%H%M%S}-{options.name}"
     suffix = 1
     while run_dir.exists():
@@ -120,35 +119,48 @@ async def run_benchmark(options: RunOptions) -> RunResult:
     cells = {key: _Cell(*key) for key in plans}
     run_t0 = time.perf_counter()
     try:
-        for target in options.targets:
-            tag = target.label.replace(":", "-")
-            _say(options, f"starting {options.engines.count} {options.engines.kind} engines and {target.label}")
+        for spec in options.targets:
+            tag = spec.label.replace(":", "-")
+            _say(
+                options,
+                f"starting {options.engines.count} {options.engines.kind} engines and {spec.label}",
+            )
             factory = options.fleet_factory or start_fleet
             fleet = await factory(options.engines, logs / f"engines-{tag}.log")
             fleets.append(fleet)
-            running.append(await start_target(target, fleet, logs))
+            running.append(await start_target(spec, fleet, logs))
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(connector=connector) as http:
             models = [await _model_of(http, t.url) for t in running]
             slice_driver = DriverOptions(
-                **{**options.driver.__dict__, "duration_s": options.driver.duration_s / options.slices}
+                **{
+                    **options.driver.__dict__,
+                    "duration_s": options.driver.duration_s / options.slices,
+                }
             )
             for s in range(options.slices):
                 order = list(range(len(running)))
                 order = order[s % len(order) :] + order[: s % len(order)]
                 for workload_name in options.workloads:
                     for ti in order:
-                        target, fleet, model = running[ti], fleets[ti], models[ti]
-                        cell = cells[(target.spec.label, workload_name)]
-                        units = plans[(target.spec.label, workload_name)][s]
+                        label = running[ti].spec.label
+                        cell = cells[(label, workload_name)]
+                        units = plans[(label, workload_name)][s]
                         await _run_slice(
-                            http, cell, target, fleet, model, units, slice_driver, options,
-                            f"{target.spec.label} {workload_name} {s + 1}/{options.slices}",
+                            http,
+                            cell,
+                            running[ti],
+                            fleets[ti],
+                            models[ti],
+                            units,
+                            slice_driver,
+                            options,
+                            f"{label} {workload_name} {s + 1}/{options.slices}",
                             lambda: time.perf_counter() - run_t0,
                         )
     finally:
-        for target in running:
-            await target.stop()
+        for live in running:
+            await live.stop()
         for fleet in fleets:
             await fleet.stop()
 
@@ -159,7 +171,7 @@ async def run_benchmark(options: RunOptions) -> RunResult:
     table = markdown_table(summaries)
     meta = {
         "started_utc": started.isoformat(timespec="seconds"),
-        "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "finished_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": options.command,
         "environment": describe_environment(),
         "targets": [t.label for t in options.targets],
@@ -191,7 +203,12 @@ async def _run_slice(
     if not options.quiet:
         bar = ProgressBar(label, sum(u.planned_requests for u in units))
     run = CellRun(
-        http, target.url, model, target=cell.target, workload=cell.workload, options=driver,
+        http,
+        target.url,
+        model,
+        target=cell.target,
+        workload=cell.workload,
+        options=driver,
         progress=bar,
     )
     started = time.perf_counter()
@@ -237,7 +254,8 @@ def _write(
     plots.ttft_cdf(records, workloads, run_dir / "ttft_cdf.png")
     plots.hit_rate(summaries, run_dir / "hit_rate.png")
     plots.engine_load(
-        [(cell.target, s) for cell in cells.values() for s in cell.loads], run_dir / "engine_load.png"
+        [(cell.target, s) for cell in cells.values() for s in cell.loads],
+        run_dir / "engine_load.png",
     )
     env = meta["environment"]
     lines = [

@@ -58,7 +58,7 @@ class LoadSampler:
                 if response.status != 200:
                     return
                 values = parse_prometheus_text(await response.text())
-        except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeDecodeError):
+        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
             return
         name = f"engine{index}"
         self.samples.append(

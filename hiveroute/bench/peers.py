@@ -61,7 +61,7 @@ async def _run(argv: list[str], log: Path, timeout_s: float) -> int:
         proc = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=out)
         try:
             return await asyncio.wait_for(proc.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
             return -1

@@ -72,7 +72,11 @@ def engine_load(loads: Sequence[tuple[str, LoadSample]], path: Path) -> None:
     for ax, target in zip(axes[:, 0], targets, strict=True):
         engines = sorted({s.engine for t, s in loads if t == target})
         for engine in engines:
-            points = [(s.t_s, s.running + s.waiting) for t, s in loads if t == target and s.engine == engine]
+            points = [
+                (s.t_s, s.running + s.waiting)
+                for t, s in loads
+                if t == target and s.engine == engine
+            ]
             ax.plot([p[0] for p in points], [p[1] for p in points], label=engine, lw=1)
         ax.set_title(target, fontsize=9)
         ax.set_ylabel("requests")

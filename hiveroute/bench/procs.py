@@ -68,15 +68,13 @@ class ChildProcess:
             os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             await asyncio.wait_for(self.proc.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             await self.proc.wait()
 
 
-async def wait_http_ok(
-    url: str, child: ChildProcess | None, timeout_s: float, what: str
-) -> None:
+async def wait_http_ok(url: str, child: ChildProcess | None, timeout_s: float, what: str) -> None:
     """Poll `url` until it answers 200; fail early with the log tail if the child exits."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
@@ -92,7 +90,7 @@ async def wait_http_ok(
                     if response.status == 200:
                         return
                     last = f"HTTP {response.status}"
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 last = type(exc).__name__
             await asyncio.sleep(0.2)
     tail = child.log_tail() if child is not None else ""

@@ -42,9 +42,7 @@ def summarize_cell(
     prompt_with_cached = sum(r.prompt_tokens or 0 for r in cached_known)
     completion = sum(r.completion_tokens or 0 for r in ok)
     itl = [gap for r in ok for gap in r.itl_s]
-    handoff_net = [
-        r.handoff_s - r.planned_gap_s for r in ok if r.handoff_s is not None
-    ]
+    handoff_net = [r.handoff_s - r.planned_gap_s for r in ok if r.handoff_s is not None]
     done_units = [u for u in units if not u.cut and u.error is None and u.end_s is not None]
     summary: dict[str, Any] = {
         "requests": len(records),

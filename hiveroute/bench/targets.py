@@ -101,7 +101,9 @@ async def start_target(
         from hiveroute.config import RouterConfig
         from hiveroute.gateway.server import start_router
 
-        config = RouterConfig(host="127.0.0.1", port=0, engine=list(fleet.specs), policy=spec.policy or "")
+        config = RouterConfig(
+            host="127.0.0.1", port=0, engine=list(fleet.specs), policy=spec.policy or ""
+        )
         running = await start_router(config.validate())
         await wait_http_ok(running.url + "/health", None, timeout_s, f"target {spec.label}")
         return RunningTarget(spec, running.url, _inproc=running)

@@ -28,7 +28,7 @@ class FakeEngine:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
-        self.runner = web.AppRunner(app)
+        self.runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
@@ -77,7 +77,9 @@ class FakeEngine:
             if i:
                 await asyncio.sleep(self.itl_s)
             piece = f"tok{i} "
-            choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
+            choice = (
+                {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
+            )
             await send({"choices": [choice]})
         usage = {
             "prompt_tokens": prompt_tokens,

@@ -203,7 +203,8 @@ class _WorkflowProgram:
         rng = rng_for("toolgap", c.seed, self.index, rnd, i)
         for call in range(c.tool_calls + 1):
             reply = await must(
-                ctx, self.request("executor", agent, history, c.executor_tokens, stage, parents, gap)
+                ctx,
+                self.request("executor", agent, history, c.executor_tokens, stage, parents, gap),
             )
             history.append({"role": "assistant", "content": reply.text})
             if call == c.tool_calls:

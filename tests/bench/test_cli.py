@@ -1,0 +1,72 @@
+"""`hiveroute bench` and `hiveroute demo` refuse bad arguments with a clear message."""
+
+from __future__ import annotations
+
+import pytest
+
+from hiveroute.bench.command import options_from_args
+from hiveroute.bench.targets import TargetSpec, best_policy
+from hiveroute.cli import build_parser, main
+from hiveroute.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench"],
+        ["bench", "run", "--workload", "nope"],
+        ["bench", "run", "--tool-gap", "poisson:1"],
+        ["bench", "run", "--workflows", "0"],
+        ["bench", "run", "--duration", "-1"],
+        ["bench", "run", "--mode", "sideways"],
+        ["bench", "run", "--engines", "tpu"],
+        ["bench", "compare", "--slices", "0"],
+        ["bench", "run", "--sim-option", "novalue"],
+        ["demo", "--num-engines", "0"],
+    ],
+)
+def test_argument_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["bench", "run", "--target", "nginx"], "unknown target 'nginx'"),
+        (["bench", "run", "--target", "hiveroute:fastest"], "unknown hiveroute policy"),
+        (["bench", "run", "--target", "sglang:kv"], "sglang has no policy 'kv'"),
+        (["bench", "run", "--target", "engine:kv"], "takes no policy"),
+        (
+            ["bench", "run", "--target", "hiveroute:session", "--target", "hiveroute:session"],
+            "given twice",
+        ),
+        (["bench", "run", "--workload", "trace", "--trace", "/nonexistent.jsonl"], "cannot read"),
+    ],
+)
+def test_bad_targets_and_inputs_exit_2_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: object
+) -> None:
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_defaults_and_target_parsing() -> None:
+    args = build_parser().parse_args(["bench", "compare"])
+    options = options_from_args(args, ["hiveroute", "bench", "compare"])
+    assert [t.label for t in options.targets] == [f"hiveroute:{best_policy()}"]
+    assert options.workloads == ["agentic"] and options.slices == 3
+    assert TargetSpec.parse("sglang").label == "sglang:cache_aware"
+    assert TargetSpec.parse("vllm-router:round_robin").policy == "round_robin"
+    assert TargetSpec.parse("hiveroute").label == "hiveroute:round_robin"
+    with pytest.raises(ConfigError):
+        TargetSpec.parse("")
+
+
+def test_sim_options_are_typed() -> None:
+    args = build_parser().parse_args(
+        ["bench", "run", "--sim-option", "num_blocks=4000", "--sim-option", "time-scale=0.5"]
+    )
+    assert dict(args.sim_option) == {"num_blocks": 4000, "time_scale": 0.5}

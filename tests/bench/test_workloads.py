@@ -1,0 +1,166 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hiveroute.bench.workloads.agentic import AgenticConfig, AgenticWorkload
+from hiveroute.bench.workloads.base import GapDistribution
+from hiveroute.bench.workloads.multiturn import MultiturnConfig, MultiturnWorkload
+from hiveroute.bench.workloads.text import filler, labelled_filler
+from hiveroute.errors import ConfigError
+from hiveroute.kvindex.tokenizer import BuiltinTokenizer
+from tests.bench.helpers import run_units
+
+TOK = BuiltinTokenizer()
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def tokens(text: str) -> list[int]:
+    return TOK.encode(text, add_special_tokens=False)
+
+
+def test_filler_has_exact_token_counts_and_is_prefix_stable() -> None:
+    for n in (1, 2, 3, 10, 511, 512):
+        assert len(tokens(filler(n, "k"))) == n
+        assert len(tokens(labelled_filler("lbl", n, "k"))) == n
+    assert filler(512, "k").startswith(filler(100, "k"))
+    assert filler(64, "k") != filler(64, "other")
+
+
+def small_agentic(**kw: object) -> AgenticWorkload:
+    config = AgenticConfig(
+        workflows=3,
+        fan_out=2,
+        rounds=2,
+        kb_tokens=400,
+        task_tokens=40,
+        role_tokens=30,
+        tool_gap=GapDistribution("exp", 0.2),
+        **kw,  # type: ignore[arg-type]
+    )
+    return AgenticWorkload(config)
+
+
+async def test_agentic_is_reproducible_for_a_seed_and_differs_across_seeds() -> None:
+    first = await run_units(list(small_agentic(seed=1).units()))
+    again = await run_units(list(small_agentic(seed=1).units()))
+    other = await run_units(list(small_agentic(seed=2).units()))
+    dump = lambda cs: [(r.messages, r.max_tokens, r.headers()) for c in cs for r in c.sent]  # noqa: E731
+    assert dump(first) == dump(again)
+    assert [c.slept for c in first] == [c.slept for c in again]
+    assert dump(first) != dump(other)
+
+
+async def test_agentic_request_count_roles_and_metadata() -> None:
+    workload = small_agentic()
+    units = list(workload.units())
+    assert len(units) == 3
+    contexts = await run_units(units)
+    for unit, ctx in zip(units, contexts, strict=True):
+        assert len(ctx.sent) == unit.planned_requests == 2 * (2 + 2 * 2)
+        roles = [r.agent_role for r in ctx.sent]
+        assert roles.count("planner") == 2 and roles.count("validator") == 2
+        assert roles.count("executor") == 8
+        for request in ctx.sent:
+            headers = request.headers()
+            assert headers["X-Workflow-Id"] == unit.unit_id
+            assert headers["X-Agent-Role"] == request.agent_role
+            assert headers["X-Agent-Id"].startswith(unit.unit_id + "/")
+        # one tool call per executor per round: a gap between its two model calls
+        assert len(ctx.slept) == 2 * 2
+        # executors hand off from the planner; the validator from both executors
+        validator = next(r for r in ctx.sent if r.agent_role == "validator")
+        assert len(validator.parents) == 2
+
+
+async def test_context_first_shares_the_context_across_agents_of_a_workflow() -> None:
+    ctx = (await run_units([next(small_agentic(layout="context_first").units())]))[0]
+    planner = tokens(ctx.sent[0].messages[0]["content"])  # type: ignore[index]
+    executor = tokens(
+        next(r for r in ctx.sent if r.agent_role == "executor").messages[0]["content"]  # type: ignore[index]
+    )
+    assert common_prefix(planner, executor) >= 400 + 40  # the whole task + knowledge base
+
+
+async def test_role_first_shares_roles_across_workflows_not_context_across_roles() -> None:
+    contexts = await run_units(list(small_agentic(layout="role_first").units())[:2])
+    plan_a = tokens(contexts[0].sent[0].messages[0]["content"])  # type: ignore[index]
+    plan_b = tokens(contexts[1].sent[0].messages[0]["content"])  # type: ignore[index]
+    exec_a = tokens(
+        next(r for r in contexts[0].sent if r.agent_role == "executor").messages[0]["content"]  # type: ignore[index]
+    )
+    assert common_prefix(plan_a, plan_b) >= 30  # same planner role prompt in both workflows
+    assert common_prefix(plan_a, plan_b) < 40  # ...and not the other workflow's context
+    assert common_prefix(plan_a, exec_a) < 5  # different roles share nothing up front
+
+
+async def test_different_workflows_do_not_share_their_context() -> None:
+    contexts = await run_units(list(small_agentic().units())[:2])
+    a = tokens(contexts[0].sent[0].messages[0]["content"])  # type: ignore[index]
+    b = tokens(contexts[1].sent[0].messages[0]["content"])  # type: ignore[index]
+    assert common_prefix(a, b) < 2
+
+
+async def test_histories_grow_within_an_agent() -> None:
+    ctx = (await run_units([next(small_agentic().units())]))[0]
+    planner = [r.messages for r in ctx.sent if r.agent_role == "planner"]
+    assert planner[1][: len(planner[0])] == planner[0]  # type: ignore[index]
+    assert len(planner[1]) > len(planner[0])  # type: ignore[arg-type]
+
+
+async def test_namespace_comes_first_in_every_prompt() -> None:
+    ctx = (await run_units([next(small_agentic(namespace="runabc").units())]))[0]
+    assert all(r.messages[0]["content"].startswith("runabc\n") for r in ctx.sent)  # type: ignore[index]
+
+
+def test_arrivals_follow_the_rate_and_zero_means_at_once() -> None:
+    at_once = [u.arrival_s for u in small_agentic(rate=0.0).units()]
+    assert at_once == [0.0, 0.0, 0.0]
+    spread = [u.arrival_s for u in small_agentic(rate=2.0).units()]
+    assert spread == sorted(spread) and spread[-1] > 0
+
+
+async def test_multiturn_shares_the_system_prompt_and_grows_history() -> None:
+    workload = MultiturnWorkload(MultiturnConfig(users=3, turns=3, system_tokens=100))
+    contexts = await run_units(list(workload.units()))
+    systems = {c.sent[0].messages[0]["content"] for c in contexts}  # type: ignore[index]
+    assert len(systems) == 1 and len(tokens(systems.pop())) == 100
+    for ctx in contexts:
+        assert len(ctx.sent) == 3 and len(ctx.slept) == 2
+        for before, after in zip(ctx.sent, ctx.sent[1:], strict=False):
+            assert after.messages[: len(before.messages)] == before.messages  # type: ignore[index]
+            assert after.parents  # hands off from the previous turn
+    firsts = [tokens(str(c.sent[0].messages[1]["content"])) for c in contexts]  # type: ignore[index]
+    assert common_prefix(firsts[0], firsts[1]) == 0  # each user's own history
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [("exp:0.5", GapDistribution("exp", 0.5)), ("0.2", GapDistribution("const", 0.2))],
+)
+def test_gap_distribution_parses(text: str, expected: GapDistribution) -> None:
+    assert GapDistribution.parse(text) == expected
+
+
+@pytest.mark.parametrize("text", ["poisson:1", "exp:-1", "exp:x", "uniform:nan"])
+def test_gap_distribution_rejects_bad_text(text: str) -> None:
+    with pytest.raises(ConfigError):
+        GapDistribution.parse(text)
+
+
+@pytest.mark.parametrize("kind", ["const", "exp", "uniform", "lognormal"])
+def test_gap_samples_are_non_negative_with_about_the_mean(kind: str) -> None:
+    dist = GapDistribution(kind, 0.5)
+    rng = random.Random(0)
+    samples = [dist.sample(rng) for _ in range(4000)]
+    assert min(samples) >= 0
+    assert 0.4 < sum(samples) / len(samples) < 0.6
