@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import aiohttp
+import pytest
 
 from hiveroute.bench.driver import CellRun, DriverOptions
 from hiveroute.bench.workloads.base import BenchRequest, Unit, UnitContext, must
@@ -48,9 +49,12 @@ async def test_ttft_itl_e2e_and_usage_match_the_servers_timings(fake_engine: Fak
     (record,) = run.records
     assert record.ok and record.status == 200
     assert record.ttft_s is not None and record.ttft_s >= 0.2
-    assert len(record.itl_s) == 5 and min(record.itl_s) >= 0.03 * 0.9
+    # A client may read two chunks in one go, so single gaps have no lower bound; the last
+    # token still cannot be seen before the server sent it.
+    assert len(record.itl_s) == 5
+    assert record.ttft_s + sum(record.itl_s) >= 0.2 + 5 * 0.03
     assert record.e2e_s is not None and record.e2e_s >= 0.2 + 5 * 0.03
-    assert record.tpot_s is not None and record.tpot_s >= 0.03 * 0.9
+    assert record.tpot_s == pytest.approx(sum(record.itl_s) / 5)
     assert record.completion_tokens == 6 and record.cached_tokens == 7
     assert record.prompt_tokens and record.prompt_tokens > 0
     body, headers = fake_engine.seen[0], fake_engine.seen_headers[0]
