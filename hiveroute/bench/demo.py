@@ -19,7 +19,7 @@ from hiveroute.bench.workloads.base import positive_int
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("runs"), help="where the report goes")
     parser.add_argument("--num-engines", type=positive_int, default=4)
-    parser.add_argument("--workflows", type=positive_int, default=8)
+    parser.add_argument("--workflows", type=positive_int, default=12)
     parser.add_argument("--preset", default="llama-8b-h100", help="simulator preset")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -50,13 +50,13 @@ def run(args: argparse.Namespace) -> int:
         "--workflows",
         str(args.workflows),
         "--workflow-rate",
-        "1",
+        "1.5",
         "--rounds",
         "2",
         "--fan-out",
         "3",
         "--kb-tokens",
-        "3072",
+        "6144",
         "--tool-gap",
         "exp:0.3",
         "--duration",

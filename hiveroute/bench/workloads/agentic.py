@@ -134,7 +134,6 @@ class _WorkflowProgram:
             workflow_id=self.workflow_id,
             agent_id=f"{self.workflow_id}/{agent}",
             agent_role=role,
-            session_id=f"{self.workflow_id}/{agent}",
             stage=stage,
             parents=list(parents),
             planned_gap_s=gap,
