@@ -131,7 +131,9 @@ async def run_benchmark(options: RunOptions) -> RunResult:
             running.append(await start_target(spec, fleet, logs))
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(connector=connector) as http:
-            models = [await _model_of(http, t.url) for t in running]
+            # Ask the engines, not the target: SGLang's router answers /v1/models with its own
+            # placeholder name ("unknown") for engines that lack SGLang's /model_info.
+            models = [await _model_of(http, fleet.urls[0]) for fleet in fleets]
             slice_driver = DriverOptions(
                 **{
                     **options.driver.__dict__,
