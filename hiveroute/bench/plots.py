@@ -21,6 +21,8 @@ def _pyplot() -> Any:
 def ttft_cdf(records: Sequence[RequestRecord], workloads: Sequence[str], path: Path) -> None:
     """TTFT CDF per target, one panel per workload."""
     plt = _pyplot()
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
     for ax, workload in zip(axes[0], workloads, strict=True):
         targets = sorted({r.target for r in records if r.workload == workload})
@@ -34,6 +36,8 @@ def ttft_cdf(records: Sequence[RequestRecord], workloads: Sequence[str], path: P
                 ys = [(i + 1) / len(values) for i in range(len(values))]
                 ax.step(values, ys, where="post", label=target)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel("time to first token (ms, log)")
         ax.set_ylabel("fraction of requests")
         ax.set_title(f"TTFT CDF: {workload}")
