@@ -27,7 +27,7 @@ from hiveroute.bench.environment import describe_environment
 from hiveroute.bench.loadsampler import LoadSampler
 from hiveroute.bench.progress import ProgressBar
 from hiveroute.bench.records import LoadSample, RequestRecord, UnitRecord
-from hiveroute.bench.summary import markdown_table, summarize_cell
+from hiveroute.bench.summary import engine_cache_counts, markdown_table, summarize_cell
 from hiveroute.bench.targets import RunningTarget, TargetSpec, start_target
 from hiveroute.bench.workloads import build_workload
 from hiveroute.bench.workloads.base import Unit
@@ -65,6 +65,8 @@ class _Cell:
     units: list[UnitRecord] = field(default_factory=list)
     loads: list[LoadSample] = field(default_factory=list)
     wall_s: float = 0.0
+    engine_hits: float = 0.0
+    engine_queries: float = 0.0
 
 
 def split_slices(units: list[Unit], slices: int) -> list[list[Unit]]:
@@ -168,7 +170,9 @@ async def run_benchmark(options: RunOptions) -> RunResult:
 
     summaries = []
     for cell in cells.values():
-        summary = summarize_cell(cell.records, cell.units, cell.loads, cell.wall_s)
+        summary = summarize_cell(
+            cell.records, cell.units, cell.wall_s, (cell.engine_hits, cell.engine_queries)
+        )
         summaries.append({"target": cell.target, "workload": cell.workload, **summary})
     table = markdown_table(summaries)
     meta = {
@@ -222,6 +226,9 @@ async def _run_slice(
     cell.records.extend(run.records)
     cell.units.extend(run.units)
     cell.loads.extend(sampler.samples)
+    hits, queries = engine_cache_counts(sampler.samples)  # per slice: others ran in between
+    cell.engine_hits += hits
+    cell.engine_queries += queries
 
 
 def _say(options: RunOptions, text: str) -> None:

@@ -7,10 +7,21 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
 import aiohttp
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if the harness dies (Linux), so nothing orphans."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def free_port() -> int:
@@ -48,6 +59,7 @@ class ChildProcess:
                 stderr=log,
                 env={**os.environ, **(env or {})},
                 start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         finally:
             log.close()

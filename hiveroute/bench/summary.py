@@ -31,8 +31,8 @@ def _stats(values: Sequence[float], prefix: str) -> dict[str, float | None]:
 def summarize_cell(
     records: Sequence[RequestRecord],
     units: Sequence[UnitRecord],
-    loads: Sequence[LoadSample],
     wall_s: float,
+    engine_counts: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, Any]:
     measured = [r for r in records if not r.cut]
     ok = [r for r in measured if r.ok]
@@ -58,7 +58,8 @@ def summarize_cell(
         "cached_tokens": cached if cached_known else None,
         "completion_tokens": completion,
         "hit_rate": (cached / prompt_with_cached) if prompt_with_cached else None,
-        "engine_hit_rate": engine_hit_rate(loads),
+        # the engines' own counters (vllm:prefix_cache_hits / queries), when they export them
+        "engine_hit_rate": engine_counts[0] / engine_counts[1] if engine_counts[1] > 0 else None,
         "output_tokens_per_s": completion / wall_s if wall_s > 0 else None,
         **_stats([r.ttft_s for r in ok if r.ttft_s is not None], "ttft_s"),
         **_stats([r.tpot_s for r in ok if r.tpot_s is not None], "tpot_s"),
@@ -79,8 +80,8 @@ def requests_per_engine(records: Iterable[RequestRecord]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def engine_hit_rate(loads: Sequence[LoadSample]) -> float | None:
-    """Prefix-cache hits / queries over the cell, from the engines' own counters."""
+def engine_cache_counts(loads: Sequence[LoadSample]) -> tuple[float, float]:
+    """(hits, queries) of the engines' own prefix-cache counters over one stretch of samples."""
     first: dict[str, LoadSample] = {}
     last: dict[str, LoadSample] = {}
     for s in loads:
@@ -90,7 +91,7 @@ def engine_hit_rate(loads: Sequence[LoadSample]) -> float | None:
         last[s.engine] = s
     queries = sum((last[e].prefix_queries or 0) - (first[e].prefix_queries or 0) for e in last)
     hits = sum((last[e].prefix_hits or 0) - (first[e].prefix_hits or 0) for e in last)
-    return hits / queries if queries > 0 else None
+    return hits, queries
 
 
 TABLE_COLUMNS = (
