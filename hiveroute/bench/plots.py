@@ -49,18 +49,23 @@ def ttft_cdf(records: Sequence[RequestRecord], workloads: Sequence[str], path: P
 
 
 def hit_rate(cells: Sequence[dict[str, Any]], path: Path) -> None:
-    """Prefix-cache hit rate (cached / prompt tokens) per cell."""
+    """Prefix-cache hit rate (cached / prompt tokens) per target, one panel per workload."""
     plt = _pyplot()
-    labels = [f"{c['target']}\n{c['workload']}" for c in cells]
-    values = [(c.get("hit_rate") or 0.0) * 100 for c in cells]
-    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(cells)), 4))
-    ax.bar(range(len(cells)), values, color="tab:blue")
-    ax.set_xticks(range(len(cells)), labels, fontsize=7)
-    ax.set_ylabel("cached / prompt tokens (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title("prefix-cache hit rate")
-    for i, v in enumerate(values):
-        ax.text(i, v + 1, f"{v:.0f}%", ha="center", fontsize=8)
+    workloads = list(dict.fromkeys(c["workload"] for c in cells))
+    fig, axes = plt.subplots(
+        1, len(workloads), figsize=(max(5.0, 0.9 * len(cells)), 4), squeeze=False
+    )
+    for ax, workload in zip(axes[0], workloads, strict=True):
+        mine = [c for c in cells if c["workload"] == workload]
+        values = [(c.get("hit_rate") or 0.0) * 100 for c in mine]
+        ax.bar(range(len(mine)), values, color=[f"C{i}" for i in range(len(mine))])
+        ax.set_xticks(range(len(mine)), [c["target"] for c in mine], rotation=30, ha="right")
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("cached / prompt tokens (%)")
+        ax.set_title(f"prefix-cache hit rate: {workload}")
+        for i, v in enumerate(values):
+            ax.text(i, v + 1, f"{v:.0f}%", ha="center", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

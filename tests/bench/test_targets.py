@@ -1,0 +1,35 @@
+"""Targets start, answer through to the engines, and stop for good."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+
+from hiveroute.bench.engines import Fleet
+from hiveroute.bench.targets import TargetSpec, start_target
+from tests.bench.fake_engine import FakeEngine
+
+
+async def test_hiveroute_subprocess_target_relays_and_stops(
+    fake_engine: FakeEngine, tmp_path: Path
+) -> None:
+    fleet = Fleet(specs=[fake_engine.url], urls=[fake_engine.url], kind="fake")
+    target = await start_target(TargetSpec.parse("hiveroute:round_robin"), fleet, tmp_path)
+    try:
+        body = {"model": "fake-model", "prompt": "hi", "max_tokens": 2, "stream": True}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(target.url + "/v1/completions", json=body) as response:
+                assert response.status == 200
+                assert b"[DONE]" in await response.read()
+        assert fake_engine.seen and fake_engine.seen[0]["prompt"] == "hi"
+    finally:
+        await target.stop()
+    assert target._child is not None and target._child.proc.returncode is not None
+
+
+async def test_engine_target_is_the_first_engine_itself(tmp_path: Path) -> None:
+    fleet = Fleet(specs=["http://127.0.0.1:1"], urls=["http://127.0.0.1:1"], kind="fake")
+    target = await start_target(TargetSpec.parse("engine"), fleet, tmp_path)
+    assert target.url == "http://127.0.0.1:1"
+    await target.stop()
