@@ -18,10 +18,12 @@ async def test_hiveroute_subprocess_target_relays_and_stops(
     target = await start_target(TargetSpec.parse("hiveroute:round_robin"), fleet, tmp_path)
     try:
         body = {"model": "fake-model", "prompt": "hi", "max_tokens": 2, "stream": True}
-        async with aiohttp.ClientSession() as http:
-            async with http.post(target.url + "/v1/completions", json=body) as response:
-                assert response.status == 200
-                assert b"[DONE]" in await response.read()
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(target.url + "/v1/completions", json=body) as response,
+        ):
+            assert response.status == 200
+            assert b"[DONE]" in await response.read()
         assert fake_engine.seen and fake_engine.seen[0]["prompt"] == "hi"
     finally:
         await target.stop()
