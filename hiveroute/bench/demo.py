@@ -80,11 +80,18 @@ def run(args: argparse.Namespace) -> int:
     print(result.table)
     by_target = {c["target"]: c for c in result.cells}
     base, opt = by_target.get("hiveroute:round_robin"), by_target.get(f"hiveroute:{best}")
-    if base and opt and base.get("ttft_s_p50") and opt.get("ttft_s_p50"):
-        print(
-            f"\n{best} vs round_robin: TTFT p50 {base['ttft_s_p50'] * 1000:.0f} ms -> "
-            f"{opt['ttft_s_p50'] * 1000:.0f} ms, hit rate "
-            f"{(base.get('hit_rate') or 0) * 100:.0f}% -> {(opt.get('hit_rate') or 0) * 100:.0f}%"
-        )
+    if base and opt:
+        print(f"\n{best} against round_robin, same workflows on the same kind of engines:")
+        for key, title, scale, unit in (
+            ("ttft_s_p50", "TTFT p50", 1000, "ms"),
+            ("ttft_s_p90", "TTFT p90", 1000, "ms"),
+            ("unit_s_p50", "workflow time p50", 1, "s"),
+            ("hit_rate", "prefix-cache hit rate", 100, "%"),
+        ):
+            if base.get(key) is not None and opt.get(key) is not None:
+                print(
+                    f"  {title:<22} {base[key] * scale:8.1f} {unit:<2} -> "
+                    f"{opt[key] * scale:8.1f} {unit}"
+                )
     print(f"\nreport: {result.run_dir / 'report.md'}")
     return 0
