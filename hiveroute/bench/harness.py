@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
+import shlex
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -275,7 +276,7 @@ def _write(
         f"- hiveroute: {env.get('git_commit') or 'unknown commit'}; Python {env.get('python')}",
         f"- engines: {meta['engines']['count']} × {meta['engines']['kind']} "
         f"(preset {meta['engines']['preset']}) per target; slices: {meta['slices']}",
-        f"- command: `{' '.join(meta['command'])}`",
+        f"- command: `{shlex.join(meta['command'])}`",
         "",
         table,
         "",
