@@ -111,13 +111,13 @@ async def wait_http(url: str, timeout_s: float = 60) -> None:
     raise TimeoutError(f"{url} did not come up")
 
 
-def sglang_router_command(engine_url: str, port: int) -> list[str] | None:
-    """SGLang's router from its own venv (installed by hiveroute.bench's peer installer)."""
-    try:
-        from hiveroute.bench.peers import peer_command  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    return peer_command("sglang", [engine_url], port, policy="round_robin")  # type: ignore[no-any-return,unused-ignore]
+async def sglang_router_command(engine_url: str, port: int, logs: Path) -> list[str]:
+    """SGLang's router, installed once into its own venv by hiveroute.bench.peers."""
+    from hiveroute.bench.peers import PEERS, ensure_peer, peer_argv
+
+    peer = PEERS["sglang"]
+    python = await ensure_peer(peer, logs / "sglang-install.log")
+    return peer_argv(peer, python, port, free_port(), [engine_url], "round_robin")
 
 
 # --- load -----------------------------------------------------------------------------------
@@ -224,13 +224,10 @@ async def main_async(args: argparse.Namespace) -> int:
         await wait_http(f"{targets['hiveroute']}/health")
         if "sglang" in args.peers:
             sg_port = free_port()
-            cmd = sglang_router_command(engine_url, sg_port)
-            if cmd is None:
-                print("sglang: hiveroute.bench.peers is not available; skipping", file=sys.stderr)
-            else:
-                procs.append(start(cmd, 1, logs / "sglang-router.log"))
-                targets["sglang"] = f"http://127.0.0.1:{sg_port}"
-                await wait_http(f"{targets['sglang']}/health", timeout_s=120)
+            cmd = await sglang_router_command(engine_url, sg_port, logs)
+            procs.append(start(cmd, 1, logs / "sglang-router.log"))
+            targets["sglang"] = f"http://127.0.0.1:{sg_port}"
+            await wait_http(f"{targets['sglang']}/health", timeout_s=120)
         cells: list[Cell] = []
         plan = [(1, args.n1), (64, args.n64), (512, args.n512)]
         for mode in ("whole", "stream"):
