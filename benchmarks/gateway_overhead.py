@@ -28,6 +28,8 @@ from typing import Any
 
 import aiohttp
 
+from hiveroute import runtime
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -69,12 +71,7 @@ def serve_engine(port: int, chunks: int) -> None:
     app.router.add_get("/v1/models", ok)
     app.router.add_get("/health", ok)
     app.router.add_get("/metrics", metrics)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    runtime.use_fastest_event_loop()
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, backlog=4096)
 
 
@@ -323,12 +320,7 @@ def main() -> int:
     if args.quick:
         args.n1, args.n64, args.n512 = args.n1 // 10, args.n64 // 10, args.n512 // 10
     args.peers = [p for p in args.peers.split(",") if p]
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    runtime.use_fastest_event_loop()
     return asyncio.run(main_async(args))
 
 

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import aiohttp
 
+from hiveroute import runtime
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -218,12 +220,7 @@ def main() -> int:
     args = parser.parse_args()
     if not (1 <= args.streams <= 10_000 and 1 <= args.seconds <= 600):
         parser.error("--streams must be 1..10000 and --seconds 1..600")
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    runtime.use_fastest_event_loop()
     result = asyncio.run(run(args))
     report(args, result)
     outcomes: dict[str, int] = result["outcomes"]  # type: ignore[assignment]

@@ -26,6 +26,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from hiveroute import runtime
+
 RESULTS = Path(__file__).resolve().parent / "results" / "sim_step_lag.md"
 
 
@@ -44,12 +46,7 @@ def _client_main(
     import json
     from urllib.parse import urlsplit
 
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    runtime.use_fastest_event_loop()
 
     class Stream(asyncio.Protocol):
         def __init__(self, request: bytes, done: asyncio.Future[bool]) -> None:
@@ -219,12 +216,7 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     if args.pin and len(os.sched_getaffinity(0)) > 1:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    runtime.use_fastest_event_loop()
     if args.profile:
         import cProfile
 

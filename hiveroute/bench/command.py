@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 
+from hiveroute import runtime
 from hiveroute.bench.driver import MODES, DriverOptions
 from hiveroute.bench.engines import ENGINE_KINDS, EngineOptions
 from hiveroute.bench.harness import RunOptions, RunResult, run_benchmark
@@ -158,16 +158,10 @@ def options_from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
 
 def execute(options: RunOptions) -> RunResult:
     try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
-    try:
         options.out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"cannot create {options.out_dir}: {exc.strerror}") from None
-    return asyncio.run(run_benchmark(options))
+    return runtime.run(run_benchmark(options))
 
 
 def run(args: argparse.Namespace) -> int:

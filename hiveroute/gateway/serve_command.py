@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 
+from hiveroute import runtime
 from hiveroute.config import RouterConfig, add_config_arguments, load_config
 from hiveroute.gateway.access_log import configure_logging
 from hiveroute.gateway.server import serve
@@ -18,13 +18,7 @@ def run(args: argparse.Namespace) -> int:
     config: RouterConfig = load_config(args, cls=RouterConfig)
     configure_logging(config.log_level)
     try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
-    try:
-        asyncio.run(serve(config))
+        runtime.run(serve(config))
     except OSError as exc:
         print(f"hiveroute serve: {exc}")
         return 1

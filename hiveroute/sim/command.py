@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import logging
 import re
 
+from hiveroute import runtime
 from hiveroute.errors import ConfigError
 from hiveroute.sim.config import SimConfig
 from hiveroute.sim.faults import FaultKnobs
@@ -144,13 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if config.engines > 1024:
         raise ConfigError("--engines above 1024 is not supported in one process")
     try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
-    try:
-        asyncio.run(_serve(config))
+        runtime.run(_serve(config))
     except OSError as exc:
         print(f"hiveroute sim: {exc}")
         return 1
