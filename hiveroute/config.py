@@ -46,6 +46,16 @@ class RouterConfig:
     embedded_engines: int = _opt("how many simulated engines to embed when no engine is given", 2)
     policy: str = _opt("routing policy name", "session")
     policies: dict[str, Any] = _opt("custom policy specs (YAML mapping; JSON on the CLI)", {})
+    tokenizer: str | None = _opt(
+        "directory with the model's tokenizer.json (and chat template), so cache-aware routing "
+        "sees the engines' token ids; default: the built-in tokenizer (the simulator's)",
+        None,
+    )
+    kv_index_max_blocks: int = _opt("most block keys the KV index keeps (LRU beyond)", 500_000)
+    kv_speculative_ttl_s: float = _opt(
+        "seconds a routed request's blocks count as cached before KV events confirm them", 5.0
+    )
+    kv_events_topic: str = _opt("ZMQ topic prefix of the engines' KV events ('' = all)", "")
     log_level: str = _opt("log level: debug, info, warning, error", "info")
     max_body_bytes: int = _opt("largest request body accepted, in bytes", 32 * 1024 * 1024)
     health_interval_s: float = _opt("seconds between engine health checks", 2.0)
@@ -155,6 +165,17 @@ class RouterConfig:
                 raise ConfigError(
                     f"state must be 'memory' or a redis://HOST[:PORT][/DB] URL, got {self.state!r}"
                 )
+        if self.kv_index_max_blocks <= 0:
+            raise ConfigError("kv_index_max_blocks must be positive")
+        if self.kv_speculative_ttl_s < 0:
+            raise ConfigError("kv_speculative_ttl_s must be 0 or more")
+        if (
+            self.tokenizer not in (None, "", "builtin")
+            and not Path(str(self.tokenizer), "tokenizer.json").is_file()
+        ):
+            raise ConfigError(
+                f"tokenizer: no tokenizer.json in {self.tokenizer!r}; give the model's directory"
+            )
         self.engine_specs  # noqa: B018 - parses each spec, raising ConfigError on a bad one
         return self
 

@@ -16,6 +16,7 @@ from hiveroute.engines.discovery import build_discovery
 from hiveroute.engines.pool import EnginePool
 from hiveroute.gateway.admission import AdmissionController
 from hiveroute.gateway.auth import Authenticator
+from hiveroute.kvindex.service import KvEventService
 from hiveroute.observability.metrics import RouterMetrics
 from hiveroute.routing.base import RequestOutcome, RoutingRequest
 from hiveroute.routing.policy import Policy
@@ -67,6 +68,17 @@ class Router:
         if discovery is not None:
             self.components.append(discovery)
         self.request_hooks: list[RequestHook] = []
+        self.components.append(
+            KvEventService.install(
+                self.services,
+                self.pool,
+                self.metrics.registry,
+                tokenizer_dir=config.tokenizer,
+                max_blocks=config.kv_index_max_blocks,
+                speculative_ttl_s=config.kv_speculative_ttl_s,
+                topic=config.kv_events_topic,
+            )
+        )
         self.policy: Policy = build_policy(
             config.policy, PluginContext(self.pool, self.services), config.policies
         )

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hiveroute.errors import BadRequest, ConfigError
+from hiveroute.kvindex.prefix_cache import PrefixEncodeCache, tokenizer_supports_prefix_reuse
 
 Message = dict[str, Any]
 
@@ -161,7 +162,8 @@ class HFTokenizer:
         path = self.directory / "tokenizer.json"
         if not path.exists():
             raise ConfigError(f"no tokenizer.json in {self.directory}")
-        self._tok = RustTokenizer.from_file(str(path))
+        spec_text = path.read_text()
+        self._tok = RustTokenizer.from_str(spec_text)
         config_path = self.directory / "tokenizer_config.json"
         config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.exists() else {}
         self.name = str(self.directory)
@@ -169,8 +171,30 @@ class HFTokenizer:
         self.eos_token = _special_token_text(config.get("eos_token"))
         self.chat_template = _load_chat_template(self.directory, config)
         self._compiled: Any = None
+        self.prefix_cache: PrefixEncodeCache | None = None
+        if tokenizer_supports_prefix_reuse(spec_text) and self._specials_only_in_front():
+            self.prefix_cache = PrefixEncodeCache(self._encode_with_offsets)
+
+    def _encode_with_offsets(
+        self, text: str, add_special_tokens: bool
+    ) -> tuple[list[int], list[int]]:
+        encoding = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        return list(encoding.ids), [start for start, _ in encoding.offsets]
+
+    def _specials_only_in_front(self) -> bool:
+        """Whether special tokens are only ever added in front (BOS), never at the end (EOS),
+        so a text's tokens are its prefix's tokens plus the rest's."""
+        with_specials = self._tok.encode("hello world", add_special_tokens=True).ids
+        plain = self._tok.encode("hello world", add_special_tokens=False).ids
+        return with_specials[len(with_specials) - len(plain) :] == plain
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        if self.prefix_cache is not None:
+            return self.prefix_cache.encode(text, add_special_tokens)
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """A full encode, bypassing the prefix cache (tests and benchmarks compare with it)."""
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: Sequence[int]) -> str:

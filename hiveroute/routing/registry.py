@@ -20,10 +20,13 @@ from typing import Any, TypeVar
 
 from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import ConfigError
+from hiveroute.kvindex.service import get_kv_index, get_tokenizer
 from hiveroute.routing.base import Filter, Picker, Plugin, Scorer
+from hiveroute.routing.cache_aware import ApproxPrefixScorer, KvTtftScorer, LoadGuardFilter
 from hiveroute.routing.pickers import MaxScorePicker, RoundRobinPicker
 from hiveroute.routing.policy import Policy, WeightedScorer
 from hiveroute.routing.scorers import LoadScorer, SessionAffinityScorer
+from hiveroute.routing.ttft import TtftPredictor
 
 
 @dataclass
@@ -37,11 +40,25 @@ class PluginContext:
 T = TypeVar("T")
 PluginFactory = Callable[..., Plugin]
 
+
+def ttft_predictor(ctx: PluginContext) -> TtftPredictor:
+    """The router's one TTFT predictor, shared by every plugin that predicts (kv, workflow)."""
+    if "ttft_predictor" not in ctx.services:
+        ctx.services["ttft_predictor"] = TtftPredictor()
+    predictor: TtftPredictor = ctx.services["ttft_predictor"]
+    return predictor
+
+
 PLUGINS: dict[str, PluginFactory] = {
     "round_robin": lambda ctx: RoundRobinPicker(),
     "max_score": lambda ctx: MaxScorePicker(),
     "load": lambda ctx: LoadScorer(),
     "session_affinity": lambda ctx, **kw: SessionAffinityScorer(**kw),
+    "load_guard": lambda ctx, **kw: LoadGuardFilter(**kw),
+    "kv_ttft": lambda ctx, **kw: KvTtftScorer(
+        get_kv_index(ctx.services), get_tokenizer(ctx.services), ttft_predictor(ctx), **kw
+    ),
+    "prefix_affinity": lambda ctx, **kw: ApproxPrefixScorer(get_tokenizer(ctx.services), **kw),
 }
 
 BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
@@ -56,6 +73,19 @@ BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
             {"name": "session_affinity", "weight": 1.0},
             {"name": "load", "weight": 0.01},
         ],
+        "picker": "max_score",
+    },
+    "prefix": {
+        "filters": [{"name": "load_guard"}],
+        "scorers": [
+            {"name": "prefix_affinity", "weight": 1.0},
+            {"name": "load", "weight": 0.1},
+        ],
+        "picker": "max_score",
+    },
+    "kv": {
+        "filters": [{"name": "load_guard"}],
+        "scorers": [{"name": "kv_ttft", "weight": 1.0}],
         "picker": "max_score",
     },
 }
@@ -74,6 +104,8 @@ def _build_plugin(spec: Any, ctx: PluginContext, where: str) -> Plugin:
         )
     try:
         return factory(ctx, **params)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: plugin {spec['name']!r}: {exc}") from None
     except TypeError as exc:
         raise ConfigError(f"{where}: bad parameters for plugin {spec['name']!r}: {exc}") from None
 

@@ -1,0 +1,189 @@
+"""Decoding vLLM's KV-event messages, in both encodings vLLM has used.
+
+A message is three ZMQ frames: topic, an 8-byte big-endian sequence number, and a msgpack
+payload ``[ts, [event, ...], dp_rank]``. vLLM ≥ 0.11-ish sends each event as a map tagged by
+``"type"``; earlier releases sent tagged arrays whose fields follow the struct's order:
+
+- ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
+  medium?, lora_name?]`` (medium since 0.10, lora_name later);
+- ``["BlockRemoved", block_hashes, medium?]``;
+- ``["AllBlocksCleared"]``.
+
+Engine block hashes are ints or bytes depending on the hash algorithm; both are kept as given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+EngineHash = int | bytes
+
+GPU = "GPU"
+
+
+class EventDecodeError(ValueError):
+    """A message that is not a KV-event batch (wrong frames, bad msgpack, unknown shape)."""
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    block_hashes: list[EngineHash]
+    parent_block_hash: EngineHash | None
+    token_ids: list[int]
+    block_size: int
+    medium: str = GPU
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+
+    @property
+    def cache_salt(self) -> str | None:
+        """The salt mixed into the first block, when this event starts a chain.
+
+        vLLM publishes block 0's extra keys untagged: the LoRA name, multimodal pairs, the
+        cache_salt string and prompt-embedding digests (bytes). The salt is the string that is
+        not the LoRA name.
+        """
+        if self.parent_block_hash is not None or not self.extra_keys:
+            return None
+        first = self.extra_keys[0]
+        if not isinstance(first, (list, tuple)):
+            return None
+        strings = [k for k in first if isinstance(k, str)]
+        if self.lora_name is not None and strings and strings[0] == self.lora_name:
+            strings = strings[1:]
+        return strings[-1] if strings else None
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    block_hashes: list[EngineHash]
+    medium: str = GPU
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    pass
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass
+class EventBatch:
+    seq: int
+    ts: float
+    events: list[KvEvent] = field(default_factory=list)
+    dp_rank: int | None = None
+
+
+def _hash(value: Any) -> EngineHash:
+    if isinstance(value, (int, bytes)) and not isinstance(value, bool):
+        return value
+    if isinstance(value, bytearray):
+        return bytes(value)
+    raise EventDecodeError(f"block hash must be an int or bytes, got {type(value).__name__}")
+
+
+def _hashes(value: Any) -> list[EngineHash]:
+    if not isinstance(value, (list, tuple)):
+        raise EventDecodeError("block_hashes must be a list")
+    return [_hash(v) for v in value]
+
+
+def _medium(value: Any) -> str:
+    return value.upper() if isinstance(value, str) and value else GPU
+
+
+def _stored(fields: dict[str, Any]) -> BlockStored:
+    tokens = fields.get("token_ids")
+    size = fields.get("block_size")
+    if not isinstance(tokens, (list, tuple)) or not isinstance(size, int) or size <= 0:
+        raise EventDecodeError("BlockStored needs token_ids (list) and block_size (int > 0)")
+    parent = fields.get("parent_block_hash")
+    lora = fields.get("lora_name")
+    extra = fields.get("extra_keys")
+    return BlockStored(
+        block_hashes=_hashes(fields.get("block_hashes")),
+        parent_block_hash=None if parent is None else _hash(parent),
+        token_ids=[int(t) for t in tokens],
+        block_size=size,
+        medium=_medium(fields.get("medium")),
+        lora_name=lora if isinstance(lora, str) else None,
+        extra_keys=list(extra) if isinstance(extra, (list, tuple)) else None,
+    )
+
+
+_ARRAY_FIELDS = {
+    "BlockStored": (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+        "extra_keys",
+    ),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}
+
+
+def decode_event(raw: Any) -> KvEvent | None:
+    """One event from either encoding; None for event types this router does not use."""
+    if isinstance(raw, dict):
+        kind = raw.get("type")
+        fields = raw
+    elif isinstance(raw, (list, tuple)) and raw and isinstance(raw[0], str):
+        kind = raw[0]
+        names = _ARRAY_FIELDS.get(kind)
+        if names is None:
+            return None
+        fields = dict(zip(names, raw[1:], strict=False))
+    else:
+        raise EventDecodeError(f"an event must be a map or a tagged array, got {raw!r:.80}")
+    if kind == "BlockStored":
+        return _stored(fields)
+    if kind == "BlockRemoved":
+        return BlockRemoved(_hashes(fields.get("block_hashes")), _medium(fields.get("medium")))
+    if kind == "AllBlocksCleared":
+        return AllBlocksCleared()
+    return None
+
+
+def decode_payload(seq: int, payload: bytes) -> EventBatch:
+    """A batch from its msgpack payload ``[ts, [events...], dp_rank?]``."""
+    try:
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise EventDecodeError(f"payload is not msgpack: {exc}") from None
+    if not isinstance(raw, (list, tuple)) or len(raw) < 2 or not isinstance(raw[1], list):
+        raise EventDecodeError("payload must be [ts, [events...], dp_rank]")
+    events = [e for e in (decode_event(item) for item in raw[1]) if e is not None]
+    rank = raw[2] if len(raw) > 2 and isinstance(raw[2], int) else None
+    ts = float(raw[0]) if isinstance(raw[0], (int, float)) else 0.0
+    return EventBatch(seq=seq, ts=ts, events=events, dp_rank=rank)
+
+
+def decode_message(frames: Sequence[bytes]) -> EventBatch:
+    """A batch from the three frames (topic, seq, payload) of a PUB message."""
+    if len(frames) != 3:
+        raise EventDecodeError(f"expected 3 frames (topic, seq, payload), got {len(frames)}")
+    _, seq_bytes, payload = frames
+    if len(seq_bytes) != 8:
+        raise EventDecodeError("sequence frame must be 8 bytes")
+    return decode_payload(int.from_bytes(seq_bytes, "big", signed=True), payload)
+
+
+def encode_message(
+    seq: int, events: list[dict[str, Any] | list[Any]], *, topic: bytes = b"kv-events"
+) -> list[bytes]:
+    """Frames as vLLM's publisher sends them (tests and the simulator use this)."""
+    import time
+
+    payload = msgpack.packb([time.time(), events, 0], use_bin_type=True)
+    return [topic, seq.to_bytes(8, "big", signed=True), payload]

@@ -1,0 +1,361 @@
+"""The global index: which engine holds which KV block, on which tier, and who stored it first.
+
+Keys are the router's own chained block keys (`blocks.block_keys`), so blocks are comparable
+across engines whatever their hash seeds. Each engine's own hashes map to keys, which is how a
+`BlockRemoved` (that carries only engine hashes) finds its block. Memory is bounded: past
+`max_blocks` keys the least recently used key is forgotten everywhere.
+
+Speculative entries: when a request is routed to an engine, its blocks count as cached there
+until that engine's events confirm them or `speculative_ttl_s` passes, so a burst of sibling
+requests follows the first one instead of scattering before its first event arrives. The
+approximate `prefix` policy uses an index of its own in which every entry is speculative (no
+events), refreshed by each routing decision.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from hiveroute.kvindex.blocks import BlockKey, block_keys
+from hiveroute.kvindex.events import (
+    GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EngineHash,
+    KvEvent,
+)
+
+DEFAULT_MAX_BLOCKS = 500_000
+DEFAULT_SPECULATIVE_TTL_S = 5.0
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who caused a block to be stored first."""
+
+    workflow_id: str | None = None
+    agent_id: str | None = None
+    request_id: str | None = None
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """How much of a request's prefix one engine holds, in blocks of that engine's size."""
+
+    block_size: int
+    gpu_blocks: int = 0  # on the GPU tier (or speculatively there)
+    lower_blocks: int = 0  # only on a lower tier (CPU, disk): cached, but must be loaded back
+    speculative_blocks: int = 0  # of gpu_blocks, those only predicted, not yet confirmed
+
+    @property
+    def blocks(self) -> int:
+        return self.gpu_blocks + self.lower_blocks
+
+    @property
+    def tokens(self) -> int:
+        return self.blocks * self.block_size
+
+    @property
+    def gpu_tokens(self) -> int:
+        return self.gpu_blocks * self.block_size
+
+    @property
+    def lower_tokens(self) -> int:
+        return self.lower_blocks * self.block_size
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Of a request's prefix cached on an engine, how much another agent of its workflow stored."""
+
+    matched_tokens: int
+    cross_agent_tokens: int
+    own_agent_tokens: int
+
+
+class _Block:
+    __slots__ = ("holders", "origin", "spec")
+
+    def __init__(self, origin: Origin | None) -> None:
+        self.holders: dict[str, dict[str, EngineHash]] = {}  # engine -> medium -> engine hash
+        self.spec: dict[str, float] = {}  # engine -> expiry (monotonic seconds)
+        self.origin = origin
+
+
+class _Engine:
+    __slots__ = ("block_size", "by_hash", "orphans")
+
+    def __init__(self) -> None:
+        self.block_size: int | None = None
+        self.by_hash: dict[EngineHash, BlockKey] = {}
+        self.orphans = 0  # stored blocks whose parent we did not know (chain cannot be computed)
+
+
+class KvIndex:
+    """Block key → engines (with tier), engine hash → key per engine, origin per block."""
+
+    def __init__(
+        self,
+        *,
+        max_blocks: int = DEFAULT_MAX_BLOCKS,
+        speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_blocks <= 0:
+            raise ValueError("max_blocks must be positive")
+        if speculative_ttl_s < 0:
+            raise ValueError("speculative_ttl_s must be 0 or more")
+        self.max_blocks = max_blocks
+        self.speculative_ttl_s = speculative_ttl_s
+        self.clock = clock
+        self.evictions = 0
+        self._blocks: OrderedDict[BlockKey, _Block] = OrderedDict()
+        self._engines: dict[str, _Engine] = {}
+        self._expiries: deque[tuple[float, BlockKey, str]] = deque()
+
+    # --- sizes and engines -------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def engines(self) -> list[str]:
+        return list(self._engines)
+
+    def block_size(self, engine: str) -> int | None:
+        state = self._engines.get(engine)
+        return state.block_size if state else None
+
+    def set_block_size(self, engine: str, block_size: int) -> None:
+        """Record an engine's block size; a change (a restart with new settings) clears it."""
+        state = self._engine(engine)
+        if state.block_size is not None and state.block_size != block_size:
+            self.clear_engine(engine)
+        state.block_size = block_size
+
+    def engine_hashes(self, engine: str) -> set[EngineHash]:
+        """The engine's own hashes of every block the index believes it holds (any tier)."""
+        state = self._engines.get(engine)
+        return set(state.by_hash) if state else set()
+
+    def engine_block_count(self, engine: str) -> int:
+        state = self._engines.get(engine)
+        return len(state.by_hash) if state else 0
+
+    def orphans(self, engine: str) -> int:
+        state = self._engines.get(engine)
+        return state.orphans if state else 0
+
+    def _engine(self, engine: str) -> _Engine:
+        state = self._engines.get(engine)
+        if state is None:
+            state = self._engines[engine] = _Engine()
+        return state
+
+    # --- events ------------------------------------------------------------------------------
+
+    def apply(self, engine: str, event: KvEvent) -> None:
+        if isinstance(event, BlockStored):
+            self.block_stored(engine, event)
+        elif isinstance(event, BlockRemoved):
+            self.block_removed(engine, event.block_hashes, event.medium)
+        elif isinstance(event, AllBlocksCleared):
+            self.clear_engine(engine)
+
+    def block_stored(self, engine: str, event: BlockStored) -> list[BlockKey]:
+        """Record blocks an engine stored; returns their keys (empty if the chain is unknown)."""
+        self.set_block_size(engine, event.block_size)
+        state = self._engines[engine]
+        parent: int | None = None
+        if event.parent_block_hash is not None:
+            parent = state.by_hash.get(event.parent_block_hash)
+            if parent is None:
+                state.orphans += len(event.block_hashes)
+                return []
+        count = min(len(event.block_hashes), len(event.token_ids) // event.block_size)
+        tokens = event.token_ids[: count * event.block_size]
+        keys = block_keys(tokens, event.block_size, salt=event.cache_salt, parent=parent)
+        for engine_hash, key in zip(event.block_hashes, keys, strict=False):
+            entry = self._touch(key, None)
+            entry.holders.setdefault(engine, {})[event.medium] = engine_hash
+            entry.spec.pop(engine, None)
+            state.by_hash[engine_hash] = key
+        self._enforce_cap()
+        return keys
+
+    def block_removed(
+        self, engine: str, hashes: Iterable[EngineHash], medium: str | None = GPU
+    ) -> None:
+        state = self._engines.get(engine)
+        if state is None:
+            return
+        medium = medium or GPU
+        for engine_hash in hashes:
+            key = state.by_hash.get(engine_hash)
+            if key is None:
+                continue
+            entry = self._blocks.get(key)
+            tiers = entry.holders.get(engine) if entry else None
+            if tiers is not None and entry is not None:
+                tiers.pop(medium, None)
+                if tiers:
+                    continue  # still held on another tier
+                del entry.holders[engine]
+                self._drop_if_empty(key, entry)
+            del state.by_hash[engine_hash]
+
+    def clear_engine(self, engine: str) -> None:
+        """Forget everything an engine holds (AllBlocksCleared, a restart, or lost events)."""
+        state = self._engines.get(engine)
+        if state is None:
+            return
+        for key in set(state.by_hash.values()):
+            entry = self._blocks.get(key)
+            if entry is not None and entry.holders.pop(engine, None) is not None:
+                self._drop_if_empty(key, entry)
+        state.by_hash.clear()
+        for key, entry in list(self._blocks.items()):
+            if entry.spec.pop(engine, None) is not None:
+                self._drop_if_empty(key, entry)
+
+    def remove_engine(self, engine: str) -> None:
+        self.clear_engine(engine)
+        self._engines.pop(engine, None)
+
+    # --- speculation -------------------------------------------------------------------------
+
+    def add_speculative(
+        self,
+        engine: str,
+        keys: Sequence[BlockKey],
+        origin: Origin | None = None,
+        *,
+        ttl_s: float | None = None,
+    ) -> None:
+        """Count `keys` as cached on `engine` until events confirm them or the TTL passes."""
+        ttl = self.speculative_ttl_s if ttl_s is None else ttl_s
+        if ttl <= 0 or not keys:
+            return
+        now = self.clock()
+        expiry = now + ttl
+        self._sweep(now)
+        for key in keys:
+            entry = self._touch(key, origin)
+            held = entry.holders.get(engine)
+            if held is not None and GPU in held:
+                continue  # confirmed already
+            entry.spec[engine] = expiry
+            self._expiries.append((expiry, key, engine))
+        self._enforce_cap()
+
+    def _sweep(self, now: float) -> None:
+        limit = 4 * self.max_blocks
+        while self._expiries and (self._expiries[0][0] <= now or len(self._expiries) > limit):
+            _, key, engine = self._expiries.popleft()
+            entry = self._blocks.get(key)
+            if entry is None:
+                continue
+            expiry = entry.spec.get(engine)
+            if expiry is not None and expiry <= now:
+                del entry.spec[engine]
+                self._drop_if_empty(key, entry)
+
+    # --- queries -----------------------------------------------------------------------------
+
+    def match(self, engine: str, keys: Sequence[BlockKey], block_size: int) -> PrefixMatch:
+        """The longest prefix of `keys` the engine holds, split by tier."""
+        now = self.clock()
+        gpu = lower = spec = 0
+        blocks = self._blocks
+        for key in keys:
+            entry = blocks.get(key)
+            if entry is None:
+                break
+            tiers = entry.holders.get(engine)
+            if tiers is not None and GPU in tiers:
+                gpu += 1
+            elif entry.spec.get(engine, 0.0) > now:
+                gpu += 1
+                spec += 1
+            elif tiers:
+                lower += 1
+            else:
+                break
+            blocks.move_to_end(key)
+        return PrefixMatch(block_size, gpu, lower, spec)
+
+    def match_tokens(
+        self, engine: str, token_ids: Sequence[int], *, salt: str | None = None
+    ) -> PrefixMatch:
+        """`match` for raw token ids, chained with the engine's block size."""
+        size = self.block_size(engine)
+        if size is None:
+            return PrefixMatch(block_size=1)
+        return self.match(engine, block_keys(token_ids, size, salt=salt), size)
+
+    def attribution(
+        self,
+        engine: str,
+        token_ids: Sequence[int],
+        *,
+        workflow_id: str | None,
+        agent_id: str | None,
+        salt: str | None = None,
+    ) -> Attribution:
+        """Matched tokens of a request on `engine`, and how many another agent of the same
+        workflow stored first (the cross-agent reuse later parts report)."""
+        size = self.block_size(engine)
+        if size is None:
+            return Attribution(0, 0, 0)
+        keys = block_keys(token_ids, size, salt=salt)
+        matched = self.match(engine, keys, size)
+        cross = own = 0
+        for key in keys[: matched.blocks]:
+            origin = self._blocks[key].origin
+            if origin is None or workflow_id is None or origin.workflow_id != workflow_id:
+                continue
+            if origin.agent_id == agent_id:
+                own += 1
+            else:
+                cross += 1
+        return Attribution(matched.tokens, cross * size, own * size)
+
+    def origin(self, key: BlockKey) -> Origin | None:
+        entry = self._blocks.get(key)
+        return entry.origin if entry else None
+
+    def holders(self, key: BlockKey) -> dict[str, set[str]]:
+        """Engine → tiers holding `key` (confirmed only)."""
+        entry = self._blocks.get(key)
+        if entry is None:
+            return {}
+        return {engine: set(tiers) for engine, tiers in entry.holders.items()}
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _touch(self, key: BlockKey, origin: Origin | None) -> _Block:
+        entry = self._blocks.get(key)
+        if entry is None:
+            entry = self._blocks[key] = _Block(origin)
+        else:
+            if entry.origin is None:
+                entry.origin = origin
+            self._blocks.move_to_end(key)
+        return entry
+
+    def _drop_if_empty(self, key: BlockKey, entry: _Block) -> None:
+        if not entry.holders and not entry.spec:
+            self._blocks.pop(key, None)
+
+    def _enforce_cap(self) -> None:
+        while len(self._blocks) > self.max_blocks:
+            _, entry = self._blocks.popitem(last=False)
+            self.evictions += 1
+            for engine, tiers in entry.holders.items():
+                state = self._engines.get(engine)
+                if state is not None:
+                    for engine_hash in tiers.values():
+                        state.by_hash.pop(engine_hash, None)

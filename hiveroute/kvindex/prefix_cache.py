@@ -1,0 +1,142 @@
+"""Reusing the tokens of a text's prefix: agentic prompts repeat long prefixes.
+
+A 20k-token prompt that extends the previous one by 1k tokens should cost 1k tokens of work.
+`PrefixEncodeCache` keeps recent encodings (text, ids, token start offsets); for a new text it
+finds the cached text sharing the longest prefix, backs off to a split point where the encoding
+cannot depend on what follows, and encodes only the rest.
+
+Where is that safe? A byte-level BPE (GPT-2, Llama 3, Qwen) first splits text with a regex;
+merges never cross those splits. A space followed by a letter always starts a new split when
+the character before it is not whitespace (" word" is one pre-token in both regexes), so if the
+cached encoding has a token starting exactly there, tokens before it are final. Tokenizers
+without a byte-level pre-tokenizer, with a normalizer, or with special tokens containing a
+space are encoded whole (the cache disables itself), so ids always equal a full encode.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Encode(text, add_special_tokens) -> (ids, start offset of each token in text)
+EncodeWithOffsets = Callable[[str, bool], tuple[list[int], list[int]]]
+
+MIN_CACHED_CHARS = 2048  # shorter texts are cheap to encode whole
+_PROBE = 256  # characters that pick candidate entries (a prefix shorter than this is no win)
+_MAX_BACKOFF_TOKENS = 256
+
+
+@dataclass
+class _Entry:
+    text: str
+    ids: list[int]
+    starts: list[int]
+
+
+def tokenizer_supports_prefix_reuse(tokenizer_json: str) -> bool:
+    """Whether splitting at ``<non-space> ␣<letter>`` is safe for this tokenizer.json."""
+    try:
+        spec = json.loads(tokenizer_json)
+    except ValueError:
+        return False
+    if spec.get("normalizer") is not None:
+        return False
+    if any(" " in str(t.get("content", "")) for t in spec.get("added_tokens") or []):
+        return False
+    pre = spec.get("pre_tokenizer") or {}
+    parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    kinds = [p.get("type") for p in parts if isinstance(p, dict)]
+    return "ByteLevel" in kinds and all(k in ("ByteLevel", "Split", "Digits") for k in kinds)
+
+
+class PrefixEncodeCache:
+    """An LRU of recent encodings, used to encode only the new suffix of a text."""
+
+    def __init__(self, encode: EncodeWithOffsets, *, max_entries: int = 64) -> None:
+        self._encode = encode
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[bool, str], list[_Entry]] = OrderedDict()
+        self._count = 0
+        self.hits = 0
+        self.reused_tokens = 0
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        if len(text) < MIN_CACHED_CHARS:
+            return self._encode(text, add_special_tokens)[0]
+        probe = (add_special_tokens, text[:_PROBE])
+        candidates = self._entries.get(probe, [])
+        best: _Entry | None = None
+        best_common = 0
+        for entry in candidates:
+            common = _common_prefix(entry.text, text)
+            if common > best_common:
+                best, best_common = entry, common
+        ids: list[int] | None = None
+        starts: list[int] = []
+        if best is not None:
+            cut = _safe_cut(best, text, best_common)
+            if cut is not None:
+                k, pos = cut
+                tail_ids, tail_starts = self._encode(text[pos:], False)
+                ids = best.ids[:k] + tail_ids
+                starts = best.starts[:k] + [pos + s for s in tail_starts]
+                self.hits += 1
+                self.reused_tokens += k
+        if ids is None:
+            ids, starts = self._encode(text, add_special_tokens)
+        extended = best if best is not None and best_common == len(best.text) else None
+        self._store(probe, _Entry(text, ids, starts), extended)
+        return list(ids)
+
+    def _store(self, probe: tuple[bool, str], entry: _Entry, superseded: _Entry | None) -> None:
+        bucket = self._entries.setdefault(probe, [])
+        if superseded is not None and superseded in bucket:
+            bucket.remove(superseded)  # the new text extends it: keep the longer one
+            self._count -= 1
+        bucket.append(entry)
+        self._count += 1
+        self._entries.move_to_end(probe)
+        while self._count > self.max_entries and self._entries:
+            oldest_probe, oldest = next(iter(self._entries.items()))
+            oldest.pop(0)
+            self._count -= 1
+            if not oldest:
+                del self._entries[oldest_probe]
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the common prefix of two strings (binary search on C-speed comparisons)."""
+    hi = min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _safe_cut(entry: _Entry, text: str, common: int) -> tuple[int, int] | None:
+    """(tokens to keep, char position) of the last safe split inside the common prefix."""
+    # the split's next character must lie in the common prefix too, and the cached text must
+    # continue past the split (its tokens there were not shaped by the text's end)
+    k = bisect.bisect_right(entry.starts, common - 2)
+    for _ in range(min(k, _MAX_BACKOFF_TOKENS)):
+        k -= 1
+        if k <= 0:
+            return None
+        pos = entry.starts[k]
+        if (
+            text[pos] == " "
+            and text[pos + 1].isalpha()
+            and not text[pos - 1].isspace()
+            and entry.starts[k - 1] < pos
+        ):
+            return k, pos
+    return None

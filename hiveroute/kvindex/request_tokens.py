@@ -1,0 +1,58 @@
+"""A request's prompt token ids and block keys, computed once per routing cycle.
+
+Plugins share them through the CycleState: the first plugin that needs the token ids tokenizes,
+later ones (and other policies' plugins, e.g. `workflow`) read them back, as they read the
+per-engine prefix matches the cache-aware scorers store under PREFIX_MATCH_KEY.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hiveroute.errors import HiverouteError
+from hiveroute.kvindex.blocks import BlockKey, block_keys
+from hiveroute.kvindex.index import Origin
+from hiveroute.kvindex.tokenizer import Tokenizer, prompt_token_ids
+from hiveroute.routing.base import CycleState, RoutingRequest
+
+log = logging.getLogger("hiveroute.kvindex")
+
+TOKEN_IDS_KEY = "token_ids"  # list[int] | None
+BLOCK_KEYS_KEY = "block_keys"  # dict[block_size, list[BlockKey]]
+PREFIX_MATCH_KEY = "prefix_match"  # dict[engine name, PrefixMatch] (the kv index's view)
+
+
+def request_token_ids(
+    request: RoutingRequest, state: CycleState, tokenizer: Tokenizer
+) -> list[int] | None:
+    """The prompt's token ids (cached in `state`); None when the prompt cannot be tokenized
+    here, in which case cache-aware plugins route on load alone and the engine has its say."""
+    if TOKEN_IDS_KEY not in state:
+        try:
+            state[TOKEN_IDS_KEY] = prompt_token_ids(tokenizer, request.path, request.body)
+        except (HiverouteError, ValueError, TypeError) as exc:
+            log.debug("cannot tokenize request %s: %s", request.request_id, exc)
+            state[TOKEN_IDS_KEY] = None
+    tokens: list[int] | None = state[TOKEN_IDS_KEY]
+    return tokens
+
+
+def cache_salt(request: RoutingRequest) -> str | None:
+    salt = request.body.get("cache_salt")
+    return salt if isinstance(salt, str) and salt else None
+
+
+def request_block_keys(
+    request: RoutingRequest, state: CycleState, tokens: list[int], block_size: int
+) -> list[BlockKey]:
+    """The request's chained block keys for one block size (cached in `state`)."""
+    by_size: dict[int, list[BlockKey]] = state.setdefault(BLOCK_KEYS_KEY, {})
+    keys = by_size.get(block_size)
+    if keys is None:
+        keys = by_size[block_size] = block_keys(tokens, block_size, salt=cache_salt(request))
+    return keys
+
+
+def request_origin(request: RoutingRequest) -> Origin:
+    meta = request.metadata
+    return Origin(meta.workflow_id, meta.agent_id, request.request_id)

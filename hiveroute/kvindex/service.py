@@ -1,0 +1,194 @@
+"""Wiring the KV index into a router: tokenizer, index, one event subscriber per engine.
+
+`KvEventService.install` puts the shared objects into the router's services (where routing
+plugins find them: services["tokenizer"], services["kv_index"], services["kv_events"]) and
+registers the index's metrics; as a router component it then follows the pool, subscribing to
+every engine that has a KV-event endpoint (``--engine URL,events=tcp://H:P[,replay=tcp://H:P]``)
+and forgetting engines that leave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from hiveroute.engines.engine import Engine
+from hiveroute.engines.pool import EnginePool
+from hiveroute.kvindex.index import KvIndex
+from hiveroute.kvindex.subscriber import KvEventSubscriber
+from hiveroute.kvindex.tokenizer import Tokenizer, load_tokenizer
+
+log = logging.getLogger("hiveroute.kvindex")
+
+TOKENIZER = "tokenizer"
+KV_INDEX = "kv_index"
+KV_EVENTS = "kv_events"
+
+
+def get_tokenizer(services: dict[str, Any]) -> Tokenizer:
+    """The router's tokenizer (the built-in one if none was configured)."""
+    if TOKENIZER not in services:
+        services[TOKENIZER] = load_tokenizer(None)
+    tokenizer: Tokenizer = services[TOKENIZER]
+    return tokenizer
+
+
+def get_kv_index(services: dict[str, Any]) -> KvIndex:
+    if KV_INDEX not in services:
+        services[KV_INDEX] = KvIndex()
+    index: KvIndex = services[KV_INDEX]
+    return index
+
+
+class KvEventService:
+    """Keeps one KV-event subscriber per engine that publishes events."""
+
+    def __init__(self, pool: EnginePool, index: KvIndex, *, topic: str = "") -> None:
+        self.pool = pool
+        self.index = index
+        self.topic = topic
+        self.subscribers: dict[str, KvEventSubscriber] = {}
+        self._context: zmq.asyncio.Context | None = None
+        self._stopping: set[asyncio.Task[None]] = set()
+        pool.on_added(self._on_added)
+        pool.on_removed(self._on_removed)
+
+    @classmethod
+    def install(
+        cls,
+        services: dict[str, Any],
+        pool: EnginePool,
+        registry: CollectorRegistry | None = None,
+        *,
+        tokenizer_dir: str | None = None,
+        max_blocks: int | None = None,
+        speculative_ttl_s: float | None = None,
+        topic: str = "",
+    ) -> KvEventService:
+        """Create (unless given) the tokenizer and index in `services`, and the service."""
+        if TOKENIZER not in services:
+            services[TOKENIZER] = load_tokenizer(tokenizer_dir)
+        if KV_INDEX not in services:
+            kwargs: dict[str, Any] = {}
+            if max_blocks is not None:
+                kwargs["max_blocks"] = max_blocks
+            if speculative_ttl_s is not None:
+                kwargs["speculative_ttl_s"] = speculative_ttl_s
+            services[KV_INDEX] = KvIndex(**kwargs)
+        service = cls(pool, services[KV_INDEX], topic=topic)
+        services[KV_EVENTS] = service
+        if registry is not None:
+            registry.register(KvIndexCollector(service))
+        return service
+
+    # --- router component --------------------------------------------------------------------
+
+    async def start(self, router: object = None) -> None:
+        self._context = zmq.asyncio.Context()
+        for engine in self.pool.engines:
+            self._subscribe(engine)
+
+    async def stop(self) -> None:
+        subscribers = list(self.subscribers.values())
+        self.subscribers.clear()
+        for subscriber in subscribers:
+            await subscriber.stop()
+        if self._stopping:
+            await asyncio.gather(*self._stopping, return_exceptions=True)
+        if self._context is not None:
+            self._context.term()
+            self._context = None
+
+    # --- following the pool ------------------------------------------------------------------
+
+    def _subscribe(self, engine: Engine) -> None:
+        if self._context is None or engine.spec.events is None:
+            return
+        subscriber = KvEventSubscriber(
+            engine.name,
+            engine.spec.events,
+            self.index,
+            replay_endpoint=engine.spec.replay,
+            topic=self.topic,
+            context=self._context,
+        )
+        self.subscribers[engine.name] = subscriber
+        subscriber.start()
+        log.info("subscribed to KV events of %s at %s", engine.name, engine.spec.events)
+
+    def _unsubscribe(self, name: str) -> None:
+        subscriber = self.subscribers.pop(name, None)
+        if subscriber is not None:
+            task = asyncio.get_running_loop().create_task(subscriber.stop())
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+
+    def _on_added(self, engine: Engine) -> None:
+        if self._context is None:
+            return  # not started: start() subscribes to every engine then
+        self._unsubscribe(engine.name)  # a changed spec replaces the engine under its name
+        self.index.clear_engine(engine.name)
+        self._subscribe(engine)
+
+    def _on_removed(self, engine: Engine) -> None:
+        self.index.remove_engine(engine.name)
+        if self._context is not None:
+            self._unsubscribe(engine.name)
+
+
+class KvIndexCollector:
+    """Prometheus view of the index and the subscribers, read at scrape time."""
+
+    def __init__(self, service: KvEventService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        index = self.service.index
+        yield GaugeMetricFamily(
+            "hiveroute_kv_index_blocks", "Block keys in the KV index", value=len(index)
+        )
+        yield CounterMetricFamily(
+            "hiveroute_kv_index_evictions",
+            "Block keys the KV index forgot to stay under its cap (LRU)",
+            value=index.evictions,
+        )
+        per_engine = GaugeMetricFamily(
+            "hiveroute_kv_index_engine_blocks",
+            "Blocks the KV index believes each engine holds",
+            labels=["engine"],
+        )
+        for name in index.engines():
+            per_engine.add_metric([name], index.engine_block_count(name))
+        yield per_engine
+        events = CounterMetricFamily(
+            "hiveroute_kv_events", "KV events applied, by engine", labels=["engine"]
+        )
+        gaps = CounterMetricFamily(
+            "hiveroute_kv_event_gaps",
+            "Gaps in an engine's KV-event sequence, by how they were resolved",
+            labels=["engine", "outcome"],
+        )
+        restarts = CounterMetricFamily(
+            "hiveroute_kv_publisher_restarts",
+            "Times an engine's KV-event sequence restarted (the engine restarted)",
+            labels=["engine"],
+        )
+        errors = CounterMetricFamily(
+            "hiveroute_kv_event_decode_errors",
+            "KV-event messages that could not be decoded",
+            labels=["engine"],
+        )
+        for name, sub in self.service.subscribers.items():
+            stats = sub.stats
+            events.add_metric([name], stats.events)
+            gaps.add_metric([name, "replayed"], stats.gaps_replayed)
+            gaps.add_metric([name, "dropped"], stats.gaps_dropped)
+            restarts.add_metric([name], stats.publisher_restarts)
+            errors.add_metric([name], stats.decode_errors)
+        yield from (events, gaps, restarts, errors)

@@ -1,0 +1,208 @@
+"""One engine's KV-event stream, applied to the index: subscribe, notice gaps, replay, restart.
+
+vLLM numbers its event batches 0, 1, 2, … A number higher than the next expected one means
+batches were lost (the SUB socket dropped them, or we joined late): the subscriber asks the
+engine's replay socket (ROUTER; we talk to it with a DEALER) for the batches from the first
+missing one, and the engine answers with what its buffer still holds, then a -1 marker. When the
+buffer no longer reaches back far enough, or there is no replay socket, that engine's entries
+are dropped and rebuilt from the events that follow. A number lower than expected means the
+publisher restarted (the engine restarted): its cache is empty, so are its entries. ZMQ itself
+reconnects to a restarted engine; heartbeats notice a silent peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from hiveroute.kvindex.events import EventBatch, EventDecodeError, decode_message
+from hiveroute.kvindex.index import KvIndex
+
+log = logging.getLogger("hiveroute.kvindex.events")
+
+END_SEQ = -1
+MAX_REPLAY_BATCHES = 200_000
+
+
+@dataclass
+class SubscriberStats:
+    batches: int = 0
+    events: int = 0
+    decode_errors: int = 0
+    gaps_replayed: int = 0
+    gaps_dropped: int = 0
+    publisher_restarts: int = 0
+    last_seq: int | None = None
+
+
+class KvEventSubscriber:
+    """Subscribes to one engine's KV events and keeps the index in step with them."""
+
+    def __init__(
+        self,
+        engine: str,
+        endpoint: str,
+        index: KvIndex,
+        *,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        context: zmq.asyncio.Context | None = None,
+        replay_timeout_s: float = 2.0,
+    ) -> None:
+        self.engine = engine
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.index = index
+        self.topic = topic.encode()
+        self.replay_timeout_s = replay_timeout_s
+        self.stats = SubscriberStats()
+        self._own_context = context is None
+        self._context = context or zmq.asyncio.Context()
+        self._socket: zmq.asyncio.Socket | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._expected: int | None = None
+        self.connected = asyncio.Event()  # set once the SUB socket is connected
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start receiving in a background task (await `connected` to know the socket is up)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"kv-events-{self.engine}"
+            )
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._close_socket()
+        if self._own_context:
+            self._context.term()
+
+    def _open_socket(self) -> zmq.asyncio.Socket:
+        sock = self._context.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+        sock.setsockopt(zmq.SUBSCRIBE, self.topic)
+        sock.connect(self.endpoint)
+        return sock
+
+    def _close_socket(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                self._socket = self._open_socket()
+                self.connected.set()
+                while True:
+                    frames = await self._socket.recv_multipart()
+                    await self.handle_frames(frames)
+                    backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug or a broken socket must not end the subscription
+                log.exception("KV-event subscriber for %s failed; reconnecting", self.engine)
+                self._close_socket()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    # --- one message -------------------------------------------------------------------------
+
+    async def handle_frames(self, frames: list[bytes]) -> None:
+        """Apply one PUB message, recovering first from any gap it reveals."""
+        try:
+            batch = decode_message(frames)
+        except EventDecodeError as exc:
+            self.stats.decode_errors += 1
+            log.warning("undecodable KV-event message from %s: %s", self.engine, exc)
+            return
+        expected = self._expected
+        if expected is not None and batch.seq < expected:
+            self.stats.publisher_restarts += 1
+            log.info(
+                "KV-event publisher of %s restarted (seq %d after %d); clearing its entries",
+                self.engine,
+                batch.seq,
+                expected - 1,
+            )
+            self.index.clear_engine(self.engine)
+            expected = 0
+        if expected is None:
+            expected = 0 if self.replay_endpoint else batch.seq  # joined late: catch up if we can
+        if batch.seq > expected:
+            await self._recover(expected, batch.seq)
+        self._apply(batch)
+
+    def _apply(self, batch: EventBatch) -> None:
+        for event in batch.events:
+            self.index.apply(self.engine, event)
+        self.stats.batches += 1
+        self.stats.events += len(batch.events)
+        self.stats.last_seq = batch.seq
+        self._expected = batch.seq + 1
+
+    async def _recover(self, first_missing: int, upto: int) -> None:
+        """Fill seq [first_missing, upto) from the replay socket, or drop the engine's entries."""
+        batches = await self._replay(first_missing) if self.replay_endpoint else None
+        wanted = [b for b in batches or [] if first_missing <= b.seq < upto]
+        complete = [b.seq for b in wanted] == list(range(first_missing, upto))
+        if complete:
+            self.stats.gaps_replayed += 1
+        else:
+            if first_missing > 0 or self._expected is not None:
+                self.stats.gaps_dropped += 1
+                log.warning(
+                    "KV events %d..%d of %s lost and not replayable; rebuilding its entries",
+                    first_missing,
+                    upto - 1,
+                    self.engine,
+                )
+                self.index.clear_engine(self.engine)
+            # joining late with a partial buffer: use what there is
+        for batch in wanted:
+            self._apply(batch)
+
+    async def _replay(self, start: int) -> list[EventBatch] | None:
+        assert self.replay_endpoint is not None
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        batches: list[EventBatch] = []
+        try:
+            sock.connect(self.replay_endpoint)
+            await sock.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.replay_timeout_s
+            for _ in range(MAX_REPLAY_BATCHES):
+                remaining = deadline - loop.time()
+                if remaining <= 0 or not await sock.poll(remaining * 1000):
+                    log.warning("replay from %s timed out", self.replay_endpoint)
+                    return None
+                frames = await sock.recv_multipart()
+                if frames and frames[0] == b"":
+                    frames = frames[1:]
+                if len(frames) == 3 and int.from_bytes(frames[1], "big", signed=True) == END_SEQ:
+                    return batches
+                try:
+                    batches.append(decode_message(frames))
+                except EventDecodeError as exc:
+                    self.stats.decode_errors += 1
+                    log.warning("undecodable replayed batch from %s: %s", self.engine, exc)
+            return batches
+        finally:
+            sock.close(linger=0)

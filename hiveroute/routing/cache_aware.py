@@ -1,0 +1,269 @@
+"""Cache-aware routing plugins: the `kv` and `prefix` policies and their load guard.
+
+- `KvTtftScorer` (policy `kv`): for each engine, the prefix the KV index says it holds, then a
+  predicted TTFT (queueing from its load + uncached tokens × its learned prefill cost); the
+  smallest prediction scores 1, the others min/own.
+- `ApproxPrefixScorer` (policy `prefix`): no engine events; remembers where its own decisions
+  sent each prefix (a private index whose entries live for a TTL, LRU-bounded), like SGLang's
+  cache_aware router, and scores the fraction of the prompt matched.
+- `LoadGuardFilter`: bounded load (Mirrokni et al.): an engine whose queue would exceed
+  ``ceil(load_factor × average) + slack`` is not a candidate, so no engine is chosen for its
+  cache when that makes it the bottleneck.
+
+Reasons (CycleState["reason"], counted in hiveroute_routing_decisions_total): `kv_hit`,
+`kv_ttft_tradeoff` (a shorter match won on predicted TTFT), `kv_miss`, `prefix_hit`,
+`prefix_miss`, `load_guard` (the engine with the best match was excluded), `no_tokens`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hiveroute.engines.engine import Engine
+from hiveroute.kvindex.index import KvIndex, PrefixMatch
+from hiveroute.kvindex.request_tokens import (
+    PREFIX_MATCH_KEY,
+    request_block_keys,
+    request_origin,
+    request_token_ids,
+)
+from hiveroute.kvindex.tokenizer import Tokenizer
+from hiveroute.routing.base import (
+    CycleState,
+    Filter,
+    RequestOutcome,
+    RoutingRequest,
+    Scorer,
+    ScorerCategory,
+)
+from hiveroute.routing.policy import REASON_KEY
+from hiveroute.routing.ttft import TtftPredictor
+
+GUARD_EXCLUDED_KEY = "load_guard_excluded"  # list[Engine] the guard removed this cycle
+TTFT_KEY = "predicted_ttft"  # dict[engine name, seconds]
+ROUTED_KEY = "kv_routed"  # what the chosen engine was predicted with, for learning
+
+
+class LoadGuardFilter(Filter):
+    """Drops engines that would become the bottleneck if this request went to them."""
+
+    name = "load_guard"
+
+    def __init__(self, load_factor: float = 1.5, slack: int = 2) -> None:
+        if load_factor < 1.0:
+            raise ValueError("load_factor must be at least 1.0")
+        if slack < 0:
+            raise ValueError("slack must be 0 or more")
+        self.load_factor = load_factor
+        self.slack = slack
+
+    def bound(self, candidates: list[Engine]) -> int:
+        """The most requests an engine may have, this one included."""
+        total = sum(e.load.queue_depth for e in candidates) + 1
+        return math.ceil(self.load_factor * total / len(candidates)) + self.slack
+
+    def filter(
+        self, request: RoutingRequest, candidates: list[Engine], state: CycleState
+    ) -> list[Engine]:
+        if len(candidates) <= 1:
+            return candidates
+        bound = self.bound(candidates)
+        allowed = [e for e in candidates if e.load.queue_depth + 1 <= bound]
+        if not allowed:  # cannot happen for load_factor >= 1, but never strand a request
+            allowed = [min(candidates, key=lambda e: e.load.queue_depth)]
+        state[GUARD_EXCLUDED_KEY] = [e for e in candidates if e not in allowed]
+        return allowed
+
+
+class _CacheScorer(Scorer):
+    """Shared parts: tokens in prepare, per-engine matches memoised in the CycleState."""
+
+    matches_key = PREFIX_MATCH_KEY
+
+    def __init__(self, index: KvIndex, tokenizer: Tokenizer) -> None:
+        self.index = index
+        self.tokenizer = tokenizer
+
+    async def prepare(self, request: RoutingRequest, state: CycleState) -> None:
+        request_token_ids(request, state, self.tokenizer)
+
+    def block_size(self, engine: Engine) -> int | None:
+        return self.index.block_size(engine.name) or engine.block_size
+
+    def match(self, request: RoutingRequest, engine: Engine, state: CycleState) -> PrefixMatch:
+        """The engine's cached prefix of this request (memoised in the state)."""
+        matches: dict[str, PrefixMatch] = state.setdefault(self.matches_key, {})
+        found = matches.get(engine.name)
+        if found is None:
+            tokens = request_token_ids(request, state, self.tokenizer)
+            size = self.block_size(engine)
+            if not tokens or size is None:
+                found = PrefixMatch(block_size=size or 1)
+            else:
+                keys = request_block_keys(request, state, tokens, size)
+                found = self.index.match(engine.name, keys, size)
+            matches[engine.name] = found
+        return found
+
+    def guard_took_best(
+        self, request: RoutingRequest, state: CycleState, best_candidate: int
+    ) -> bool:
+        """Whether the load guard excluded an engine holding more of the prefix."""
+        excluded: list[Engine] = state.get(GUARD_EXCLUDED_KEY, [])
+        return any(self.match(request, e, state).tokens > best_candidate for e in excluded)
+
+    def speculate(
+        self, request: RoutingRequest, engine: Engine, state: CycleState, ttl_s: float | None
+    ) -> None:
+        tokens = request_token_ids(request, state, self.tokenizer)
+        size = self.block_size(engine)
+        if tokens and size:
+            keys = request_block_keys(request, state, tokens, size)
+            self.index.add_speculative(engine.name, keys, request_origin(request), ttl_s=ttl_s)
+
+
+class KvTtftScorer(_CacheScorer):
+    """Scores engines by predicted TTFT from the event-fed KV index (policy `kv`).
+
+    Engines without KV events (or before their first event) have no known block size unless
+    the pool knows it; they simply show no cached prefix and compete on load.
+    """
+
+    name = "kv_ttft"
+    category = ScorerCategory.BALANCE
+
+    def __init__(
+        self,
+        index: KvIndex,
+        tokenizer: Tokenizer,
+        predictor: TtftPredictor,
+        *,
+        speculate: bool = True,
+    ) -> None:
+        super().__init__(index, tokenizer)
+        self.predictor = predictor
+        self.speculative = speculate
+
+    def score(
+        self, request: RoutingRequest, candidates: list[Engine], state: CycleState
+    ) -> dict[str, float]:
+        tokens = request_token_ids(request, state, self.tokenizer)
+        n_tokens = len(tokens) if tokens else 0
+        predicted: dict[str, float] = state.setdefault(TTFT_KEY, {})
+        cached: dict[str, int] = {}
+        for engine in candidates:
+            m = self.match(request, engine, state)
+            cached[engine.name] = min(m.tokens, n_tokens)
+            predicted[engine.name] = self.predictor.predict(
+                engine.name,
+                queue_depth=engine.load.queue_depth,
+                uncached_tokens=n_tokens - cached[engine.name],
+                lower_tier_tokens=min(m.lower_tokens, n_tokens),
+            )
+        best = min(predicted[e.name] for e in candidates)
+        scores = {
+            e.name: (best / predicted[e.name]) if predicted[e.name] > 0 else 1.0 for e in candidates
+        }
+        winner = max(candidates, key=lambda e: (scores[e.name], cached[e.name]))
+        most = max(cached.values())
+        if tokens is None:
+            reason = "no_tokens"
+        elif self.guard_took_best(request, state, most):
+            reason = "load_guard"
+        elif most == 0:
+            reason = "kv_miss"
+        elif cached[winner.name] == most:
+            reason = "kv_hit"
+        else:
+            reason = "kv_ttft_tradeoff"
+        state.setdefault(REASON_KEY, reason)
+        return scores
+
+    def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
+        m = self.match(request, engine, state)
+        tokens = request_token_ids(request, state, self.tokenizer)
+        n_tokens = len(tokens) if tokens else 0
+        state[ROUTED_KEY] = (
+            engine.load.queue_depth,
+            max(0, n_tokens - m.tokens),
+            min(m.lower_tokens, n_tokens),
+        )
+        if self.speculative:
+            self.speculate(request, engine, state, None)
+
+    def on_completed(
+        self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
+    ) -> None:
+        routed = state.get(ROUTED_KEY)
+        if routed is None or not outcome.ok or outcome.ttft_s is None:
+            return
+        if not request.body.get("stream") and (outcome.completion_tokens or 0) > 1:
+            return  # a whole response's time is not a TTFT
+        queue_depth, uncached, lower = routed
+        if outcome.prompt_tokens is not None and outcome.cached_tokens is not None:
+            uncached = max(0, outcome.prompt_tokens - outcome.cached_tokens)
+        self.predictor.observe(
+            outcome.engine.name,
+            queue_depth=queue_depth,
+            uncached_tokens=uncached,
+            lower_tier_tokens=lower,
+            ttft_s=outcome.ttft_s,
+        )
+
+
+class ApproxPrefixScorer(_CacheScorer):
+    """Where this router's own decisions sent each prefix (policy `prefix`, no engine events).
+
+    Every routing decision inserts the request's blocks for the chosen engine into a private
+    index, valid for `ttl_s` and LRU-bounded by `max_blocks`. The score is the fraction of the
+    prompt matched; a load scorer beside it decides among equals and when nothing matches.
+    """
+
+    name = "prefix_affinity"
+    category = ScorerCategory.AFFINITY
+    matches_key = "approx_prefix_match"
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        block_size: int = 16,
+        ttl_s: float = 300.0,
+        max_blocks: int = 200_000,
+        min_match: float = 0.0,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        if ttl_s <= 0:
+            raise ValueError("ttl_s must be positive")
+        if not 0.0 <= min_match <= 1.0:
+            raise ValueError("min_match must be within [0, 1]")
+        super().__init__(KvIndex(max_blocks=max_blocks, speculative_ttl_s=ttl_s), tokenizer)
+        self.fixed_block_size = block_size
+        self.min_match = min_match
+
+    def block_size(self, engine: Engine) -> int | None:
+        return self.fixed_block_size
+
+    def score(
+        self, request: RoutingRequest, candidates: list[Engine], state: CycleState
+    ) -> dict[str, float]:
+        tokens = request_token_ids(request, state, self.tokenizer)
+        if not tokens:
+            state.setdefault(REASON_KEY, "no_tokens")
+            return {}
+        fractions = {
+            e.name: min(1.0, self.match(request, e, state).tokens / len(tokens)) for e in candidates
+        }
+        best = max(fractions.values())
+        if self.guard_took_best(request, state, int(best * len(tokens))):
+            state.setdefault(REASON_KEY, "load_guard")
+        elif best <= self.min_match or best == 0.0:
+            state.setdefault(REASON_KEY, "prefix_miss")
+            return {}
+        else:
+            state.setdefault(REASON_KEY, "prefix_hit")
+        return fractions
+
+    def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
+        self.speculate(request, engine, state, None)

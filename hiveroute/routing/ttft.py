@@ -1,0 +1,129 @@
+"""Predicting an engine's time to first token, learned online from what the gateway measures.
+
+TTFT ≈ base + queue_depth × per_request_delay + uncached_tokens × prefill_cost
+       + lower_tier_tokens × prefill_cost × lower_tier_factor
+
+One model per engine, fitted by recursive least squares (with forgetting, so a slower engine or
+a changed load shows up within tens of requests) starting from sane defaults. Blocks on a lower
+tier (CPU offload, LMCache) are cached but must be loaded back: they cost a fraction of a
+recompute. The `kv` policy uses this object; the `workflow` policy reuses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Defaults: a mid-size model on one GPU prefills ~10k tokens/s; each request ahead adds ~20 ms.
+DEFAULT_BASE_S = 0.01
+DEFAULT_QUEUE_S = 0.02
+DEFAULT_PREFILL_S_PER_TOKEN = 1e-4
+DEFAULT_LOWER_TIER_FACTOR = 0.15
+_TOKEN_SCALE = 1000.0  # features in thousands of tokens keep the fit well conditioned
+
+
+@dataclass(frozen=True)
+class TtftEstimate:
+    total_s: float
+    queue_s: float
+    prefill_s: float
+
+
+class _EngineModel:
+    __slots__ = ("observations", "p", "theta")
+
+    def __init__(self, prior: np.ndarray) -> None:
+        self.theta = prior.copy()
+        # prior variance: a few times each default, so a handful of observations move it
+        self.p = np.diag((np.maximum(prior, 1e-3) * 10.0) ** 2)
+        self.observations = 0
+
+
+class TtftPredictor:
+    """Per-engine TTFT model: predict before routing, observe after the first token."""
+
+    def __init__(
+        self,
+        *,
+        base_s: float = DEFAULT_BASE_S,
+        queue_s_per_request: float = DEFAULT_QUEUE_S,
+        prefill_s_per_token: float = DEFAULT_PREFILL_S_PER_TOKEN,
+        lower_tier_factor: float = DEFAULT_LOWER_TIER_FACTOR,
+        forgetting: float = 0.98,
+    ) -> None:
+        if min(base_s, queue_s_per_request, prefill_s_per_token, lower_tier_factor) < 0:
+            raise ValueError("TTFT predictor defaults must not be negative")
+        if not 0.5 < forgetting <= 1.0:
+            raise ValueError("forgetting must be in (0.5, 1]")
+        self._prior = np.array([base_s, queue_s_per_request, prefill_s_per_token * _TOKEN_SCALE])
+        self._p0 = _EngineModel(self._prior).p
+        self.lower_tier_factor = lower_tier_factor
+        self.forgetting = forgetting
+        self._models: dict[str, _EngineModel] = {}
+
+    def _model(self, engine: str) -> _EngineModel:
+        model = self._models.get(engine)
+        if model is None:
+            model = self._models[engine] = _EngineModel(self._prior)
+        return model
+
+    def prefill_cost(self, engine: str) -> float:
+        """Seconds per uncached prompt token on `engine` as learned so far."""
+        return float(self._model(engine).theta[2]) / _TOKEN_SCALE
+
+    def queue_cost(self, engine: str) -> float:
+        """Seconds each request ahead in the queue adds."""
+        return float(self._model(engine).theta[1])
+
+    def observations(self, engine: str) -> int:
+        model = self._models.get(engine)
+        return model.observations if model else 0
+
+    def estimate(
+        self, engine: str, *, queue_depth: float, uncached_tokens: int, lower_tier_tokens: int = 0
+    ) -> TtftEstimate:
+        base, per_request, per_ktoken = self._model(engine).theta
+        queue_s = float(base + per_request * max(0.0, queue_depth))
+        tokens = uncached_tokens + lower_tier_tokens * self.lower_tier_factor
+        prefill_s = float(per_ktoken * tokens / _TOKEN_SCALE)
+        return TtftEstimate(queue_s + prefill_s, queue_s, prefill_s)
+
+    def predict(
+        self, engine: str, *, queue_depth: float, uncached_tokens: int, lower_tier_tokens: int = 0
+    ) -> float:
+        return self.estimate(
+            engine,
+            queue_depth=queue_depth,
+            uncached_tokens=uncached_tokens,
+            lower_tier_tokens=lower_tier_tokens,
+        ).total_s
+
+    def observe(
+        self,
+        engine: str,
+        *,
+        queue_depth: float,
+        uncached_tokens: int,
+        ttft_s: float,
+        lower_tier_tokens: int = 0,
+    ) -> None:
+        """Fold one measured TTFT into the engine's model (one RLS step)."""
+        if not (0.0 < ttft_s < 3600.0) or uncached_tokens < 0:
+            return
+        model = self._model(engine)
+        tokens = uncached_tokens + lower_tier_tokens * self.lower_tier_factor
+        x = np.array([1.0, max(0.0, queue_depth), tokens / _TOKEN_SCALE])
+        lam = self.forgetting
+        px = model.p @ x
+        gain = px / (lam + x @ px)
+        model.theta = model.theta + gain * (ttft_s - x @ model.theta)
+        model.p = (model.p - np.outer(gain, px)) / lam
+        # forgetting inflates P along directions the data never excites (a queue always
+        # empty): cap it so one odd observation cannot swing the model
+        cap = float(np.trace(self._p0)) * 10.0
+        if np.trace(model.p) > cap:
+            model.p *= cap / np.trace(model.p)
+        # costs are physical: never negative, and the prefill cost never collapses to zero
+        model.theta = np.maximum(model.theta, [0.0, 0.0, 1e-9 * _TOKEN_SCALE])
+        model.observations += 1
