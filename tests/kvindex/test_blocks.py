@@ -1,0 +1,40 @@
+"""Chained block keys."""
+
+import pytest
+
+from hiveroute.kvindex.blocks import block_keys
+
+
+def test_keys_chain_and_ignore_a_partial_last_block() -> None:
+    tokens = list(range(40))
+    keys = block_keys(tokens, 16)
+    assert len(keys) == 2
+    assert block_keys(tokens[:32], 16) == keys
+    assert block_keys(tokens[:16], 16) == keys[:1]
+    changed = [*tokens[:5], 999, *tokens[6:]]
+    assert block_keys(changed, 16)[1] != keys[1]  # a change in block 0 changes every later key
+    assert block_keys(tokens[16:32], 16)[0] != keys[1]  # same tokens, different prefix
+
+
+def test_parent_continues_a_chain() -> None:
+    tokens = list(range(64))
+    keys = block_keys(tokens, 16)
+    assert block_keys(tokens[32:], 16, parent=keys[1]) == keys[2:]
+
+
+def test_salt_separates_tenants_and_block_size_matters() -> None:
+    tokens = list(range(64))
+    plain, a, b = (block_keys(tokens, 16, salt=s) for s in (None, "a", "b"))
+    assert len({plain[0], a[0], b[0]}) == 3 and len({plain[3], a[3], b[3]}) == 3
+    assert block_keys(tokens, 16, salt="") == plain
+    assert block_keys(tokens, 32)[0] != plain[1]
+
+
+def test_keys_are_stable_across_processes() -> None:
+    # a fixed value: keys must not depend on PYTHONHASHSEED, the run or the machine
+    assert block_keys([1, 2, 3, 4], 4) == [0x1A603D47AADA1045]
+
+
+def test_bad_block_size() -> None:
+    with pytest.raises(ValueError):
+        block_keys([1, 2], 0)

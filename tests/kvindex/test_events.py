@@ -1,0 +1,111 @@
+"""Decoding vLLM's KV-event messages in both encodings."""
+
+import msgpack
+import pytest
+
+from hiveroute.kvindex.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventDecodeError,
+    decode_message,
+    encode_message,
+)
+
+
+def _dict_stored(**over: object) -> dict[str, object]:
+    event: dict[str, object] = {
+        "type": "BlockStored",
+        "block_hashes": [11, 12],
+        "parent_block_hash": None,
+        "token_ids": list(range(8)),
+        "block_size": 4,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+        "extra_keys": None,
+        "group_idx": 0,
+        "kv_cache_spec_kind": "full_attention",
+    }
+    event.update(over)
+    return event
+
+
+def test_dict_encoding_of_vllm_0_32() -> None:
+    frames = encode_message(
+        7,
+        [
+            _dict_stored(),
+            {"type": "BlockRemoved", "block_hashes": [12], "medium": "CPU", "group_idx": 0},
+            {"type": "AllBlocksCleared"},
+        ],
+    )
+    batch = decode_message(frames)
+    assert batch.seq == 7 and batch.dp_rank == 0
+    stored, removed, cleared = batch.events
+    assert stored == BlockStored([11, 12], None, list(range(8)), 4, "GPU", None, None)
+    assert removed == BlockRemoved([12], "CPU")
+    assert cleared == AllBlocksCleared()
+
+
+@pytest.mark.parametrize(
+    ("array", "medium", "lora"),
+    [
+        (["BlockStored", [1, 2], 9, list(range(8)), 4, None], "GPU", None),  # before medium
+        (["BlockStored", [1, 2], 9, list(range(8)), 4, None, "cpu"], "CPU", None),
+        (["BlockStored", [1, 2], 9, list(range(8)), 4, 3, "GPU", "adapter"], "GPU", "adapter"),
+    ],
+)
+def test_array_encoding_of_older_vllm(array: list[object], medium: str, lora: str | None) -> None:
+    batch = decode_message(encode_message(0, [array, ["BlockRemoved", [2]], ["AllBlocksCleared"]]))
+    stored, removed, cleared = batch.events
+    assert isinstance(stored, BlockStored)
+    assert stored.block_hashes == [1, 2] and stored.parent_block_hash == 9
+    assert stored.token_ids == list(range(8)) and stored.block_size == 4
+    assert stored.medium == medium and stored.lora_name == lora
+    assert removed == BlockRemoved([2], "GPU")
+    assert isinstance(cleared, AllBlocksCleared)
+
+
+def test_bytes_hashes_and_unknown_event_types() -> None:
+    batch = decode_message(
+        encode_message(1, [_dict_stored(block_hashes=[b"\x01" * 32]), {"type": "Future"}])
+    )
+    assert len(batch.events) == 1
+    assert batch.events[0].block_hashes == [b"\x01" * 32]  # type: ignore[union-attr]
+
+
+def test_cache_salt_is_read_from_the_first_blocks_extra_keys() -> None:
+    event = decode_message(
+        encode_message(0, [_dict_stored(extra_keys=[["tenant-a"], None], lora_name=None)])
+    ).events[0]
+    assert isinstance(event, BlockStored) and event.cache_salt == "tenant-a"
+    with_lora = decode_message(
+        encode_message(0, [_dict_stored(extra_keys=[["ad", "salt"], ["ad"]], lora_name="ad")])
+    ).events[0]
+    assert isinstance(with_lora, BlockStored) and with_lora.cache_salt == "salt"
+    only_lora = decode_message(
+        encode_message(0, [_dict_stored(extra_keys=[["ad"], ["ad"]], lora_name="ad")])
+    ).events[0]
+    assert isinstance(only_lora, BlockStored) and only_lora.cache_salt is None
+    child = decode_message(
+        encode_message(0, [_dict_stored(parent_block_hash=5, extra_keys=[["x"], None])])
+    ).events[0]
+    assert isinstance(child, BlockStored) and child.cache_salt is None  # salt only at block 0
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b"topic", b"\x00" * 8],
+        [b"topic", b"\x00" * 4, msgpack.packb([0.0, [], 0])],
+        [b"topic", b"\x00" * 8, b"\xc1"],
+        [b"topic", b"\x00" * 8, msgpack.packb({"not": "a batch"})],
+        [b"topic", b"\x00" * 8, msgpack.packb([0.0, [42], 0])],
+        [b"topic", b"\x00" * 8, msgpack.packb([0.0, [{"type": "BlockStored"}], 0])],
+        [b"topic", b"\x00" * 8, msgpack.packb([0.0, [["BlockRemoved", "nope"]], 0])],
+    ],
+)
+def test_malformed_messages_raise_a_decode_error(frames: list[bytes]) -> None:
+    with pytest.raises(EventDecodeError):
+        decode_message(frames)

@@ -1,0 +1,141 @@
+"""The global KV index: events, removals, tiers, LRU cap, speculation, attribution."""
+
+from hiveroute.kvindex.blocks import block_keys
+from hiveroute.kvindex.events import AllBlocksCleared, BlockRemoved, BlockStored
+from hiveroute.kvindex.index import KvIndex, Origin
+
+BS = 4
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def stored(
+    hashes: list[int], tokens: list[int], parent: int | None = None, medium: str = "GPU"
+) -> BlockStored:
+    return BlockStored(hashes, parent, tokens, BS, medium)
+
+
+def test_stored_blocks_match_by_tokens_whatever_the_engine_hashes() -> None:
+    index = KvIndex()
+    tokens = list(range(12))
+    index.apply("e1", stored([101, 102], tokens[:8]))
+    index.apply("e1", stored([103], tokens[8:12], parent=102))
+    index.apply("e2", stored([900], tokens[:4]))  # another engine, another hash seed
+    assert index.match_tokens("e1", tokens).tokens == 12
+    assert index.match_tokens("e2", tokens).tokens == 4
+    assert index.match_tokens("e1", [*tokens[:4], 77, 78, 79, 80]).tokens == 4
+    assert index.engine_hashes("e1") == {101, 102, 103}
+    assert index.holders(block_keys(tokens, BS)[0]) == {"e1": {"GPU"}, "e2": {"GPU"}}
+
+
+def test_unknown_parent_is_an_orphan_not_a_wrong_key() -> None:
+    index = KvIndex()
+    index.apply("e1", stored([5], list(range(4)), parent=12345))
+    assert index.engine_hashes("e1") == set() and index.orphans("e1") == 1
+
+
+def test_removal_and_all_blocks_cleared() -> None:
+    index = KvIndex()
+    tokens = list(range(12))
+    index.apply("e1", stored([1, 2, 3], tokens))
+    index.apply("e2", stored([7, 8, 9], tokens))
+    index.apply("e1", BlockRemoved([2]))
+    assert index.match_tokens("e1", tokens).tokens == 4  # a hole ends the prefix
+    assert index.engine_hashes("e1") == {1, 3}
+    index.apply("e1", BlockRemoved([424242]))  # unknown hashes are ignored
+    index.apply("e1", AllBlocksCleared())
+    assert index.engine_hashes("e1") == set()
+    assert index.match_tokens("e2", tokens).tokens == 12
+    index.apply("e2", AllBlocksCleared())
+    assert len(index) == 0
+
+
+def test_lower_tier_counts_as_cached_at_a_cost() -> None:
+    index = KvIndex()
+    tokens = list(range(12))
+    index.apply("e1", stored([1, 2, 3], tokens))
+    index.apply("e1", stored([2, 3], tokens[4:], parent=1, medium="CPU"))  # offloaded copy
+    index.apply("e1", BlockRemoved([2, 3], "GPU"))  # evicted from the GPU, still on the CPU
+    match = index.match_tokens("e1", tokens)
+    assert (match.gpu_tokens, match.lower_tokens, match.tokens) == (4, 8, 12)
+    index.apply("e1", BlockRemoved([3], "CPU"))
+    assert index.match_tokens("e1", tokens).tokens == 8
+    assert index.engine_hashes("e1") == {1, 2}
+
+
+def test_lru_cap_evicts_the_least_recently_used_and_counts_it() -> None:
+    index = KvIndex(max_blocks=4)
+    a, b = list(range(8)), list(range(100, 108))
+    index.apply("e1", stored([1, 2], a))
+    index.apply("e1", stored([3, 4], b))
+    index.match_tokens("e1", a)  # a is now more recent than b
+    index.apply("e1", stored([5], list(range(200, 204))))
+    assert len(index) == 4 and index.evictions == 1
+    assert index.match_tokens("e1", b).tokens == 0  # b's first block went: b has no prefix
+    assert index.match_tokens("e1", a).tokens == 8
+    assert 3 not in index.engine_hashes("e1")  # the engine's hash map forgets it too
+
+
+def test_speculative_entries_count_until_confirmed_or_expired() -> None:
+    clock = Clock()
+    index = KvIndex(speculative_ttl_s=2.0, clock=clock)
+    index.set_block_size("e1", BS)
+    tokens = list(range(8))
+    keys = block_keys(tokens, BS)
+    index.add_speculative("e1", keys, Origin("wf", "planner", "r1"))
+    match = index.match_tokens("e1", tokens)
+    assert match.tokens == 8 and match.speculative_blocks == 2
+    clock.now += 1.0
+    index.apply("e1", stored([1], tokens[:4]))  # the engine confirms the first block
+    clock.now += 1.5  # the TTL has passed for the unconfirmed block
+    match = index.match_tokens("e1", tokens)
+    assert match.tokens == 4 and match.speculative_blocks == 0
+    index.add_speculative("e2", keys)  # sweeping: expired entries leave the index
+    clock.now += 5
+    index.add_speculative("e3", [])
+    index.add_speculative("e3", block_keys([9, 9, 9, 9], BS))
+    assert index.holders(keys[0]) == {"e1": {"GPU"}}
+    assert len(index) == 2  # keys[0] (confirmed) and the new e3 block
+
+
+def test_origin_is_who_stored_first_and_attribution_counts_other_agents() -> None:
+    index = KvIndex()
+    index.set_block_size("e1", BS)
+    shared = list(range(8))
+    index.add_speculative("e1", block_keys(shared, BS), Origin("wf", "planner", "r1"))
+    index.apply("e1", stored([1, 2], shared))
+    own = [*shared, 50, 51, 52, 53]
+    index.add_speculative("e1", block_keys(own, BS), Origin("wf", "executor", "r2"))
+    index.apply("e1", stored([3], own[8:], parent=2))
+    assert index.origin(block_keys(shared, BS)[0]) == Origin("wf", "planner", "r1")
+    request = [*own, 60, 61, 62, 63]
+    got = index.attribution("e1", request, workflow_id="wf", agent_id="executor")
+    assert (got.matched_tokens, got.cross_agent_tokens, got.own_agent_tokens) == (12, 8, 4)
+    other = index.attribution("e1", request, workflow_id="other", agent_id="executor")
+    assert (other.matched_tokens, other.cross_agent_tokens) == (12, 0)
+    assert index.attribution("unknown", request, workflow_id="wf", agent_id="x").matched_tokens == 0
+
+
+def test_salted_requests_never_share_keys() -> None:
+    index = KvIndex()
+    tokens = list(range(8))
+    salted = BlockStored([1, 2], None, tokens, BS, "GPU", None, [["tenant-a"], None])
+    index.apply("e1", salted)
+    assert index.match_tokens("e1", tokens).tokens == 0
+    assert index.match_tokens("e1", tokens, salt="tenant-b").tokens == 0
+    assert index.match_tokens("e1", tokens, salt="tenant-a").tokens == 8
+
+
+def test_block_size_change_means_a_new_engine() -> None:
+    index = KvIndex()
+    index.apply("e1", stored([1], list(range(4))))
+    index.apply("e1", BlockStored([2], None, list(range(16)), 16))
+    assert index.block_size("e1") == 16 and index.engine_hashes("e1") == {2}
+    index.remove_engine("e1")
+    assert index.engines() == [] and len(index) == 0

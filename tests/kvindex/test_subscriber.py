@@ -1,0 +1,150 @@
+"""The KV-event subscriber against a ZMQ publisher the test drives."""
+
+from collections.abc import AsyncIterator
+
+import pytest
+import zmq.asyncio
+
+from hiveroute.kvindex.index import KvIndex
+from hiveroute.kvindex.subscriber import KvEventSubscriber
+from tests.kvindex.zmq_publisher import FakePublisher, removed, stored, wait_until
+
+
+@pytest.fixture
+async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
+    context = zmq.asyncio.Context()
+    yield context
+    context.term()
+
+
+async def _subscribe(
+    ctx: zmq.asyncio.Context, pub: FakePublisher, index: KvIndex, *, replay: bool = True
+) -> KvEventSubscriber:
+    sub = KvEventSubscriber(
+        "e1",
+        pub.endpoint,
+        index,
+        replay_endpoint=pub.replay_endpoint if replay else None,
+        context=ctx,
+        replay_timeout_s=2.0,
+    )
+    sub.start()
+    await pub.wait_subscribed()
+    return sub
+
+
+async def test_events_build_exactly_the_engines_blocks(ctx: zmq.asyncio.Context) -> None:
+    pub = FakePublisher(ctx)
+    index = KvIndex()
+    sub = await _subscribe(ctx, pub, index)
+    try:
+        await pub.publish([stored([1, 2], list(range(8)))])
+        await pub.publish([stored([3], list(range(8, 12)), parent=2), removed([1])])
+        await pub.publish([["BlockStored", [4], None, list(range(50, 54)), 4, None, "GPU"]])
+        await wait_until(lambda: sub.stats.last_seq == 2)
+        assert index.engine_hashes("e1") == pub.truth == {2, 3, 4}
+        assert sub.stats.gaps_replayed == sub.stats.gaps_dropped == 0
+    finally:
+        await sub.stop()
+        await pub.close()
+
+
+async def test_a_gap_is_filled_from_the_replay_socket(ctx: zmq.asyncio.Context) -> None:
+    pub = FakePublisher(ctx)
+    index = KvIndex()
+    sub = await _subscribe(ctx, pub, index)
+    try:
+        await pub.publish([stored([1], list(range(4)))])
+        await pub.publish([stored([2], list(range(4, 8)), parent=1)], lose=True)
+        await pub.publish([removed([1])], lose=True)
+        await pub.publish([stored([3], list(range(8, 12)), parent=2)])
+        await wait_until(lambda: sub.stats.last_seq == 3)
+        assert sub.stats.gaps_replayed == 1 and sub.stats.gaps_dropped == 0
+        assert index.engine_hashes("e1") == pub.truth == {2, 3}
+        assert index.orphans("e1") == 0
+    finally:
+        await sub.stop()
+        await pub.close()
+
+
+async def test_an_unreplayable_gap_drops_the_engines_entries(ctx: zmq.asyncio.Context) -> None:
+    pub = FakePublisher(ctx)
+    index = KvIndex()
+    sub = await _subscribe(ctx, pub, index)
+    try:
+        await pub.publish([stored([1], list(range(4)))])
+        await pub.publish([stored([2], list(range(100, 104)))], lose=True)
+        pub.buffer.clear()  # the engine's replay buffer no longer reaches back
+        await pub.publish([stored([3], list(range(200, 204)))])
+        await wait_until(lambda: sub.stats.last_seq == 2)
+        assert sub.stats.gaps_dropped == 1
+        assert index.engine_hashes("e1") == {3}  # rebuilt from what followed, nothing stale
+    finally:
+        await sub.stop()
+        await pub.close()
+
+
+async def test_without_replay_socket_a_gap_drops_entries(ctx: zmq.asyncio.Context) -> None:
+    pub = FakePublisher(ctx, replay=False)
+    index = KvIndex()
+    sub = await _subscribe(ctx, pub, index, replay=False)
+    try:
+        await pub.publish([stored([1], list(range(4)))])
+        await pub.publish([removed([1])], lose=True)
+        await pub.publish([stored([3], list(range(200, 204)))])
+        await wait_until(lambda: sub.stats.last_seq == 2)
+        assert sub.stats.gaps_dropped == 1 and index.engine_hashes("e1") == {3}
+    finally:
+        await sub.stop()
+        await pub.close()
+
+
+async def test_joining_late_catches_up_through_replay(ctx: zmq.asyncio.Context) -> None:
+    pub = FakePublisher(ctx)
+    index = KvIndex()
+    await pub.publish([stored([1, 2], list(range(8)))])  # before anyone listened
+    await pub.publish([removed([2])])
+    sub = await _subscribe(ctx, pub, index)
+    try:
+        await pub.publish([stored([5], list(range(300, 304)))])
+        await wait_until(lambda: sub.stats.last_seq == 2)
+        assert index.engine_hashes("e1") == pub.truth == {1, 5}
+        assert sub.stats.gaps_dropped == 0
+    finally:
+        await sub.stop()
+        await pub.close()
+
+
+async def test_engine_restart_resets_its_entries_and_reconnects(ctx: zmq.asyncio.Context) -> None:
+    pub = FakePublisher(ctx)
+    index = KvIndex()
+    sub = await _subscribe(ctx, pub, index)
+    try:
+        for i in range(3):
+            await pub.publish([stored([10 + i], list(range(i * 4, i * 4 + 4)))])
+        await wait_until(lambda: sub.stats.last_seq == 2)
+        port = pub.port
+        await pub.close()  # the engine goes away ...
+        pub = FakePublisher(ctx, port=port)  # ... and comes back on the same endpoint
+        await pub.wait_subscribed()  # ZMQ reconnected by itself
+        await pub.publish([stored([99], list(range(500, 504)))])  # seq starts again at 0
+        await wait_until(lambda: sub.stats.publisher_restarts == 1 and sub.stats.last_seq == 0)
+        assert index.engine_hashes("e1") == {99}
+    finally:
+        await sub.stop()
+        await pub.close()
+
+
+async def test_garbage_is_counted_and_skipped(ctx: zmq.asyncio.Context) -> None:
+    pub = FakePublisher(ctx)
+    index = KvIndex()
+    sub = await _subscribe(ctx, pub, index)
+    try:
+        await pub.pub.send_multipart([b"kv-events", b"\x00" * 8, b"\xc1"])
+        await pub.pub.send_multipart([b"only-one-frame"])
+        await pub.publish([stored([1], list(range(4)))])
+        await wait_until(lambda: sub.stats.last_seq == 0)
+        assert sub.stats.decode_errors == 2 and index.engine_hashes("e1") == {1}
+    finally:
+        await sub.stop()
+        await pub.close()
