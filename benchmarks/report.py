@@ -1,0 +1,36 @@
+"""Writing a benchmark report: the figures, plus when, where and how they were measured."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+REPORTS = Path(__file__).resolve().parent / "reports"
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+
+
+def write_report(name: str, title: str, body: str) -> Path:
+    """Write benchmarks/reports/NAME.md with the date, machine and exact command."""
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    path = REPORTS / f"{name}.md"
+    command = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    path.write_text(
+        f"# {title}\n\n- date: {now}\n- machine: {machine()}\n- command: `{command}`\n\n{body}\n"
+    )
+    return path

@@ -1,0 +1,175 @@
+"""The `kv` and `prefix` policies, the load guard and the TTFT predictor."""
+
+from typing import Any
+
+import pytest
+
+from hiveroute.engines.engine import EngineSpec
+from hiveroute.engines.pool import EnginePool
+from hiveroute.errors import ConfigError
+from hiveroute.kvindex.events import BlockStored
+from hiveroute.kvindex.index import KvIndex
+from hiveroute.kvindex.request_tokens import PREFIX_MATCH_KEY, TOKEN_IDS_KEY
+from hiveroute.kvindex.tokenizer import BuiltinTokenizer
+from hiveroute.metadata import RequestMetadata
+from hiveroute.routing.base import CycleState, Decision, RequestOutcome, RoutingRequest
+from hiveroute.routing.policy import Policy
+from hiveroute.routing.registry import PluginContext, build_policy
+from hiveroute.routing.ttft import TtftPredictor
+
+BS = 16
+PROMPT = " ".join(f"word{i}" for i in range(200))  # ~400 tokens with the built-in tokenizer
+
+
+def make(n: int, policy: str, **services: Any) -> tuple[EnginePool, Policy, dict[str, Any]]:
+    pool = EnginePool([EngineSpec(f"http://127.0.0.1:{8100 + i}") for i in range(n)])
+    svc: dict[str, Any] = {"tokenizer": BuiltinTokenizer(), "kv_index": KvIndex(), **services}
+    return pool, build_policy(policy, PluginContext(pool, svc)), svc
+
+
+def request(prompt: str = PROMPT, rid: str = "r", **meta: Any) -> RoutingRequest:
+    body = {"model": "m", "prompt": prompt, "stream": True}
+    return RoutingRequest(rid, "/v1/completions", body, RequestMetadata(**meta))
+
+
+async def route(
+    policy: Policy, pool: EnginePool, req: RoutingRequest
+) -> tuple[Decision, CycleState]:
+    state = CycleState()
+    await policy.prepare(req, state)
+    decision = policy.choose(req, pool.candidates("m"), state)
+    policy.on_routed(req, decision.engine, state)
+    return decision, state
+
+
+def cache_on(index: KvIndex, engine: str, tokens: list[int]) -> None:
+    count = len(tokens) // BS
+    hashes = list(range(1000, 1000 + count))
+    index.apply(engine, BlockStored(hashes, None, tokens[: count * BS], BS))
+
+
+async def test_kv_goes_where_the_prefix_is_and_shares_the_match() -> None:
+    pool, policy, svc = make(3, "kv")
+    tokens = BuiltinTokenizer().encode(PROMPT)
+    for e in pool.engines:
+        svc["kv_index"].set_block_size(e.name, BS)
+    cache_on(svc["kv_index"], "127.0.0.1:8101", tokens)
+    decision, state = await route(policy, pool, request(PROMPT + " and a new question"))
+    assert decision.engine.name == "127.0.0.1:8101" and decision.reason == "kv_hit"
+    assert state[TOKEN_IDS_KEY][: len(tokens)] == tokens
+    matches = state[PREFIX_MATCH_KEY]
+    assert matches["127.0.0.1:8101"].tokens == len(tokens) // BS * BS
+    assert matches["127.0.0.1:8100"].tokens == 0
+
+
+async def test_kv_without_cache_takes_the_least_loaded() -> None:
+    pool, policy, svc = make(3, "kv")
+    pool.engines[0].load.in_flight = 2
+    pool.engines[2].load.in_flight = 1
+    decision, _ = await route(policy, pool, request())
+    assert decision.engine is pool.engines[1] and decision.reason == "kv_miss"
+
+
+async def test_kv_trades_a_short_match_for_a_shorter_queue() -> None:
+    pool, policy, svc = make(2, "kv")
+    tokens = BuiltinTokenizer().encode(PROMPT)
+    cache_on(svc["kv_index"], "127.0.0.1:8100", tokens[:64])  # a small shared prefix
+    svc["kv_index"].set_block_size("127.0.0.1:8101", BS)
+    pool.engines[0].load.in_flight = 4
+    decision, _ = await route(policy, pool, request())
+    assert decision.engine is pool.engines[1] and decision.reason == "kv_ttft_tradeoff"
+
+
+async def test_load_guard_never_makes_the_cache_holder_the_bottleneck() -> None:
+    slow = TtftPredictor(prefill_s_per_token=1e-2)  # recomputing would cost seconds
+    pool, policy, svc = make(4, "kv", ttft_predictor=slow)
+    tokens = BuiltinTokenizer().encode(PROMPT)
+    cache_on(svc["kv_index"], "127.0.0.1:8100", tokens)
+    pool.engines[0].load.in_flight = 3
+    decision, _ = await route(policy, pool, request())
+    assert decision.engine is pool.engines[0] and decision.reason == "kv_hit"  # worth the wait
+    pool.engines[0].load.in_flight = 10  # bound = ceil(1.5 * 11 / 4) + 2 = 7
+    decision, _ = await route(policy, pool, request())
+    assert decision.engine is not pool.engines[0] and decision.reason == "load_guard"
+
+
+async def test_siblings_follow_the_first_before_any_event_arrives() -> None:
+    pool, policy, svc = make(4, "kv")
+    for e in pool.engines:
+        svc["kv_index"].set_block_size(e.name, BS)
+    first, _ = await route(policy, pool, request(rid="a", workflow_id="wf", agent_id="planner"))
+    first.engine.load.in_flight += 1  # it is busy with the first request now
+    for i in range(3):
+        sibling, _ = await route(policy, pool, request(PROMPT + f" task {i}", rid=f"s{i}"))
+        assert sibling.engine is first.engine and sibling.reason == "kv_hit"
+
+
+async def test_kv_learns_the_prefill_cost_from_outcomes() -> None:
+    pool, policy, svc = make(1, "kv")
+    svc["kv_index"].set_block_size(pool.engines[0].name, BS)
+    predictor: TtftPredictor = svc["ttft_predictor"]
+    engine = pool.engines[0]
+    for i in range(40):
+        req = request(" ".join(f"w{i}x{j}" for j in range(100 + 40 * i)), rid=f"r{i}")
+        _, state = await route(policy, pool, req)
+        n = len(state[TOKEN_IDS_KEY])
+        ttft = 0.02 + n * 5e-4  # this engine prefills at 2000 tokens/s
+        outcome = RequestOutcome(engine, 200, ttft_s=ttft, prompt_tokens=n, cached_tokens=0)
+        policy.on_completed(req, outcome, state)
+    assert predictor.observations(engine.name) == 40
+    assert predictor.prefill_cost(engine.name) == pytest.approx(5e-4, rel=0.1)
+
+
+async def test_failed_or_whole_responses_do_not_teach_the_predictor() -> None:
+    pool, policy, svc = make(1, "kv")
+    engine = pool.engines[0]
+    req = request()
+    _, state = await route(policy, pool, req)
+    policy.on_completed(req, RequestOutcome(engine, 502, error="down"), state)
+    whole = RoutingRequest("w", "/v1/completions", {"prompt": "x"}, RequestMetadata())
+    _, state2 = await route(policy, pool, whole)
+    policy.on_completed(whole, RequestOutcome(engine, 200, 3.0, completion_tokens=50), state2)
+    assert svc["ttft_predictor"].observations(engine.name) == 0
+
+
+def test_predictor_lower_tier_costs_less_than_recompute_but_not_nothing() -> None:
+    p = TtftPredictor()
+    cold = p.predict("e", queue_depth=0, uncached_tokens=4000)
+    offloaded = p.predict("e", queue_depth=0, uncached_tokens=0, lower_tier_tokens=4000)
+    warm = p.predict("e", queue_depth=0, uncached_tokens=0)
+    assert warm < offloaded < cold
+
+
+async def test_prefix_policy_remembers_its_own_decisions_with_a_ttl() -> None:
+    pool, policy, svc = make(3, "prefix")
+    first, _ = await route(policy, pool, request(rid="a"))
+    assert first.reason == "prefix_miss"
+    first.engine.load.in_flight += 1
+    again, _ = await route(policy, pool, request(PROMPT + " more", rid="b"))
+    assert again.engine is first.engine and again.reason == "prefix_hit"
+    other, _ = await route(policy, pool, request("completely different text " * 20, rid="c"))
+    assert other.engine is not first.engine and other.reason == "prefix_miss"
+    scorer = policy.scorers[0].scorer
+    scorer.index.clock = lambda: 1e12  # type: ignore[attr-defined]  # far past every TTL
+    later, _ = await route(policy, pool, request(PROMPT, rid="d"))
+    assert later.reason == "prefix_miss"
+
+
+async def test_policies_cope_with_prompts_they_cannot_tokenize() -> None:
+    pool, policy, _ = make(2, "kv")
+    bad = RoutingRequest("x", "/v1/completions", {"prompt": {"no": 1}}, RequestMetadata())
+    decision, _ = await route(policy, pool, bad)
+    assert decision.reason == "no_tokens"
+    pool, policy, _ = make(2, "prefix")
+    decision, _ = await route(policy, pool, bad)
+    assert decision.reason == "no_tokens"
+
+
+def test_bad_plugin_parameters_are_config_errors() -> None:
+    pool = EnginePool([EngineSpec("http://127.0.0.1:8100")])
+    custom = {"p": {"filters": [{"name": "load_guard", "load_factor": 0.5}], "picker": "max_score"}}
+    with pytest.raises(ConfigError, match="load_factor"):
+        build_policy("p", PluginContext(pool, {}), custom)
+    custom = {"p": {"scorers": [{"name": "prefix_affinity", "ttl_s": 0}]}}
+    with pytest.raises(ConfigError, match="ttl_s"):
+        build_policy("p", PluginContext(pool, {}), custom)

@@ -1,0 +1,67 @@
+"""Prefix reuse in tokenization: ids always equal a full encode."""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from hiveroute.engines.vllm_local import CHAT_TEMPLATE, _train_tokenizer
+from hiveroute.kvindex.prefix_cache import tokenizer_supports_prefix_reuse
+from hiveroute.kvindex.tokenizer import HFTokenizer, prompt_token_ids
+
+WORDS = "the agent plan tool résumé 42 café, x.y: don't  foo\nbar\t baz ünï 🙂 <s> result".split(
+    " "
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("tok")
+    _train_tokenizer(directory, 600)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == CHAT_TEMPLATE
+    return directory
+
+
+def test_growing_and_branching_texts_encode_exactly(tokenizer_dir: Path) -> None:
+    tok = HFTokenizer(tokenizer_dir)
+    assert tok.prefix_cache is not None
+    rng = random.Random(7)
+    text = ""
+    for _ in range(25):
+        text += rng.choice(["", " ", "\n", ". ", "  "]) + " ".join(
+            rng.choice(WORDS) for _ in range(rng.randint(1, 600))
+        )
+        for special in (True, False):
+            assert tok.encode(text, add_special_tokens=special) == tok.encode_uncached(
+                text, add_special_tokens=special
+            )
+        branch = text[: rng.randint(0, len(text))] + rng.choice([" zz", "zz", "\n", " 7"])
+        assert tok.encode(branch) == tok.encode_uncached(branch)
+    assert tok.prefix_cache.hits > 10  # the cache was actually used
+
+
+def test_chat_requests_reuse_earlier_turns(tokenizer_dir: Path) -> None:
+    tok = HFTokenizer(tokenizer_dir)
+    messages = [{"role": "system", "content": " ".join(WORDS * 300)}]
+    for turn in range(6):
+        messages.append({"role": "user", "content": f"question {turn} " + " ".join(WORDS[:5])})
+        body = {"messages": messages}
+        ids = prompt_token_ids(tok, "/v1/chat/completions", body)
+        text = tok.apply_chat_template(messages, add_generation_prompt=True)
+        assert ids == tok.encode_uncached(text, add_special_tokens=False)
+        messages.append({"role": "assistant", "content": "answer " * 30})
+    assert tok.prefix_cache is not None and tok.prefix_cache.reused_tokens > 0
+
+
+def test_tokenizers_where_splitting_is_unsafe_encode_whole(tokenizer_dir: Path) -> None:
+    spec = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    assert tokenizer_supports_prefix_reuse(json.dumps(spec))
+    for change in (
+        {"normalizer": {"type": "NFC"}},
+        {"pre_tokenizer": {"type": "Metaspace", "replacement": "▁"}},
+        {"added_tokens": [*spec["added_tokens"], {"content": "a b", "id": 9999}]},
+    ):
+        assert not tokenizer_supports_prefix_reuse(json.dumps({**spec, **change}))
+    assert not tokenizer_supports_prefix_reuse("not json")
