@@ -63,7 +63,7 @@ async def test_kv_goes_where_the_prefix_is_and_shares_the_match() -> None:
 
 
 async def test_kv_without_cache_takes_the_least_loaded() -> None:
-    pool, policy, svc = make(3, "kv")
+    pool, policy, _ = make(3, "kv")
     pool.engines[0].load.in_flight = 2
     pool.engines[2].load.in_flight = 1
     decision, _ = await route(policy, pool, request())
@@ -141,7 +141,7 @@ def test_predictor_lower_tier_costs_less_than_recompute_but_not_nothing() -> Non
 
 
 async def test_prefix_policy_remembers_its_own_decisions_with_a_ttl() -> None:
-    pool, policy, svc = make(3, "prefix")
+    pool, policy, _ = make(3, "prefix")
     first, _ = await route(policy, pool, request(rid="a"))
     assert first.reason == "prefix_miss"
     first.engine.load.in_flight += 1
