@@ -87,12 +87,16 @@ class _Block:
 
 
 class _Engine:
-    __slots__ = ("block_size", "by_hash", "orphans")
+    __slots__ = ("block_size", "by_hash", "orphans", "pending")
 
     def __init__(self) -> None:
         self.block_size: int | None = None
         self.by_hash: dict[EngineHash, BlockKey] = {}
         self.orphans = 0  # stored blocks whose parent we did not know (chain cannot be computed)
+        # requests routed before the engine's first event told us its block size
+        self.pending: deque[tuple[float, Sequence[int], str | None, Origin | None]] = deque(
+            maxlen=256
+        )
 
 
 class KvIndex:
@@ -132,9 +136,17 @@ class KvIndex:
     def set_block_size(self, engine: str, block_size: int) -> None:
         """Record an engine's block size; a change (a restart with new settings) clears it."""
         state = self._engine(engine)
-        if state.block_size is not None and state.block_size != block_size:
+        if state.block_size == block_size:
+            return
+        if state.block_size is not None:
             self.clear_engine(engine)
         state.block_size = block_size
+        now = self.clock()
+        while state.pending:
+            expiry, tokens, salt, origin = state.pending.popleft()
+            if expiry > now:
+                keys = block_keys(tokens, block_size, salt=salt)
+                self.add_speculative(engine, keys, origin, ttl_s=expiry - now)
 
     def engine_hashes(self, engine: str) -> set[EngineHash]:
         """The engine's own hashes of every block the index believes it holds (any tier)."""
@@ -250,6 +262,26 @@ class KvIndex:
             entry.spec[engine] = expiry
             self._expiries.append((expiry, key, engine))
         self._enforce_cap()
+
+    def add_speculative_tokens(
+        self,
+        engine: str,
+        token_ids: Sequence[int],
+        origin: Origin | None = None,
+        *,
+        salt: str | None = None,
+        ttl_s: float | None = None,
+    ) -> None:
+        """`add_speculative` by token ids; before the engine's block size is known (no event
+        yet) the request waits, so the very first request's blocks still get their origin."""
+        ttl = self.speculative_ttl_s if ttl_s is None else ttl_s
+        state = self._engine(engine)
+        if state.block_size is None:
+            if ttl > 0:
+                state.pending.append((self.clock() + ttl, token_ids, salt, origin))
+            return
+        keys = block_keys(token_ids, state.block_size, salt=salt)
+        self.add_speculative(engine, keys, origin, ttl_s=ttl)
 
     def _sweep(self, now: float) -> None:
         limit = 4 * self.max_blocks

@@ -8,6 +8,11 @@ buffer no longer reaches back far enough, or there is no replay socket, that eng
 are dropped and rebuilt from the events that follow. A number lower than expected means the
 publisher restarted (the engine restarted): its cache is empty, so are its entries. ZMQ itself
 reconnects to a restarted engine; heartbeats notice a silent peer.
+
+Messages published while the SUB socket was (re)connecting are lost without a trace until the
+next one arrives, so every (re)connection also resynchronises at once: it replays from the last
+batch applied and checks it is the same batch (same timestamp); if not, the publisher restarted
+and the engine's entries are rebuilt from its buffer.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from hiveroute.kvindex.events import EventBatch, EventDecodeError, decode_message
 from hiveroute.kvindex.index import KvIndex
@@ -27,6 +33,7 @@ log = logging.getLogger("hiveroute.kvindex.events")
 
 END_SEQ = -1
 MAX_REPLAY_BATCHES = 200_000
+RECENT_BATCHES = 4096
 
 
 @dataclass
@@ -66,7 +73,13 @@ class KvEventSubscriber:
         self._socket: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
         self._expected: int | None = None
+        self._last_ts: float | None = None
+        self._recent: dict[int, float] = {}  # seq -> ts of the last batches applied
+        self._lock = asyncio.Lock()  # one message or resync at a time
+        self._monitor_task: asyncio.Task[None] | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
         self.connected = asyncio.Event()  # set once the SUB socket is connected
+        self.synced = asyncio.Event()  # set once the first connection's catch-up is done
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -78,6 +91,12 @@ class KvEventSubscriber:
             )
 
     async def stop(self) -> None:
+        for task in (self._monitor_task, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._monitor_task = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -96,11 +115,23 @@ class KvEventSubscriber:
         sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
         sock.setsockopt(zmq.SUBSCRIBE, self.topic)
+        # the monitor first: a connection made before it exists would go unnoticed
+        self._monitor = sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+        )
         sock.connect(self.endpoint)
         return sock
 
     def _close_socket(self) -> None:
+        if self._monitor_task is not None:
+            self._monitor_task.cancel()
+            self._monitor_task = None
+        if self._monitor is not None:  # closed here: a task cancelled unstarted runs no finally
+            self._monitor.close(linger=0)
+            self._monitor = None
         if self._socket is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._socket.disable_monitor()
             self._socket.close(linger=0)
             self._socket = None
 
@@ -109,6 +140,10 @@ class KvEventSubscriber:
         while True:
             try:
                 self._socket = self._open_socket()
+                assert self._monitor is not None
+                self._monitor_task = asyncio.get_running_loop().create_task(
+                    self._watch(self._monitor), name=f"kv-events-monitor-{self.engine}"
+                )
                 self.connected.set()
                 while True:
                     frames = await self._socket.recv_multipart()
@@ -122,10 +157,64 @@ class KvEventSubscriber:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
+    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        """Resynchronise on every (re)connection to the publisher."""
+        disconnected = False
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                if event["event"] == zmq.EVENT_DISCONNECTED:
+                    disconnected = True
+                elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    try:
+                        await self.resync(reconnected=disconnected)
+                    except zmq.ZMQError as exc:
+                        log.warning("resync with %s failed: %s", self.engine, exc)
+                    disconnected = False
+                    self.synced.set()
+        except zmq.ZMQError:  # the monitor was closed under us: the socket is going away
+            return
+
+    async def resync(self, *, reconnected: bool = True) -> None:
+        """Catch up after (re)connecting: what was published meanwhile, or a restart."""
+        async with self._lock:
+            expected = self._expected
+            if self.replay_endpoint is None:
+                if reconnected and expected is not None:
+                    # batches may have gone by while we were away and nothing can replay them
+                    self.stats.gaps_dropped += 1
+                    self.index.clear_engine(self.engine)
+                return
+            if expected is not None and expected > 0:
+                batches = await self._replay(expected - 1)
+                if batches is None:
+                    return  # no answer: the next message's sequence number will tell
+                if batches and batches[0].seq == expected - 1 and batches[0].ts == self._last_ts:
+                    self._apply_run(batches[1:], expected)  # same publisher: apply what we missed
+                    return
+                self.stats.publisher_restarts += 1
+                log.info("KV-event publisher of %s restarted; rebuilding its entries", self.engine)
+                self.index.clear_engine(self.engine)
+            everything = await self._replay(0)
+            if everything:  # all the buffer still holds (a long-lived engine's recent past)
+                self._apply_run(everything, everything[0].seq)
+
+    def _apply_run(self, batches: list[EventBatch], first: int) -> None:
+        """Apply consecutive batches from seq `first` (stopping at the first hole)."""
+        for batch in batches:
+            if batch.seq != first:
+                break
+            self._apply(batch)
+            first += 1
+
     # --- one message -------------------------------------------------------------------------
 
     async def handle_frames(self, frames: list[bytes]) -> None:
         """Apply one PUB message, recovering first from any gap it reveals."""
+        async with self._lock:
+            await self._handle(frames)
+
+    async def _handle(self, frames: list[bytes]) -> None:
         try:
             batch = decode_message(frames)
         except EventDecodeError as exc:
@@ -133,6 +222,10 @@ class KvEventSubscriber:
             log.warning("undecodable KV-event message from %s: %s", self.engine, exc)
             return
         expected = self._expected
+        if self._recent.get(batch.seq) == batch.ts:
+            return  # already applied (it arrived live after a resync replayed it)
+        if expected is not None and batch.seq < expected and batch.ts <= (self._last_ts or 0.0):
+            return  # older than what a replay already gave us: a stale, superseded message
         if expected is not None and batch.seq < expected:
             self.stats.publisher_restarts += 1
             log.info(
@@ -156,6 +249,10 @@ class KvEventSubscriber:
         self.stats.events += len(batch.events)
         self.stats.last_seq = batch.seq
         self._expected = batch.seq + 1
+        self._last_ts = batch.ts
+        self._recent[batch.seq] = batch.ts
+        if len(self._recent) > RECENT_BATCHES:
+            del self._recent[next(iter(self._recent))]
 
     async def _recover(self, first_missing: int, upto: int) -> None:
         """Fill seq [first_missing, upto) from the replay socket, or drop the engine's entries."""

@@ -23,6 +23,7 @@ from hiveroute.engines.engine import Engine
 from hiveroute.kvindex.index import KvIndex, PrefixMatch
 from hiveroute.kvindex.request_tokens import (
     PREFIX_MATCH_KEY,
+    cache_salt,
     request_block_keys,
     request_origin,
     request_token_ids,
@@ -116,10 +117,16 @@ class _CacheScorer(Scorer):
         self, request: RoutingRequest, engine: Engine, state: CycleState, ttl_s: float | None
     ) -> None:
         tokens = request_token_ids(request, state, self.tokenizer)
+        if not tokens:
+            return
         size = self.block_size(engine)
-        if tokens and size:
+        origin = request_origin(request)
+        if size is None:  # no event yet: the index keeps the tokens until it learns the size
+            salt = cache_salt(request)
+            self.index.add_speculative_tokens(engine.name, tokens, origin, salt=salt, ttl_s=ttl_s)
+        else:
             keys = request_block_keys(request, state, tokens, size)
-            self.index.add_speculative(engine.name, keys, request_origin(request), ttl_s=ttl_s)
+            self.index.add_speculative(engine.name, keys, origin, ttl_s=ttl_s)
 
 
 class KvTtftScorer(_CacheScorer):

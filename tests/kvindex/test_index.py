@@ -139,3 +139,15 @@ def test_block_size_change_means_a_new_engine() -> None:
     assert index.block_size("e1") == 16 and index.engine_hashes("e1") == {2}
     index.remove_engine("e1")
     assert index.engines() == [] and len(index) == 0
+
+
+def test_requests_routed_before_the_first_event_still_get_their_origin() -> None:
+    clock = Clock()
+    index = KvIndex(clock=clock)
+    tokens = list(range(8))
+    index.add_speculative_tokens("e1", tokens, Origin("wf", "planner", "r1"))
+    index.add_speculative_tokens("e1", list(range(50, 58)), Origin("wf", "x", "old"), ttl_s=1)
+    clock.now += 2  # the second one expired before the size was known
+    index.apply("e1", stored([1, 2], tokens))
+    assert index.origin(block_keys(tokens, BS)[1]) == Origin("wf", "planner", "r1")
+    assert index.origin(block_keys(list(range(50, 58)), BS)[0]) is None

@@ -36,6 +36,7 @@ async def vllm(model_dir: Path, tmp_path: Path) -> AsyncIterator[VllmServer]:
     server = VllmServer(
         model_dir=model_dir,
         max_model_len=2048,
+        kv_cache_gib=1,  # vLLM parses VLLM_CPU_KVCACHE_SPACE as an int
         log_path=tmp_path / "vllm.log",
         extra_args=["--num-gpu-blocks-override", str(BLOCKS)],
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import zmq
@@ -12,24 +13,41 @@ import zmq.asyncio
 from hiveroute.kvindex.events import encode_message
 
 
+def _bind(ctx: zmq.asyncio.Context, kind: int, port: int) -> tuple[zmq.asyncio.Socket, int]:
+    """Bind a socket to `port` (0: a free one), retrying while a restart frees the port."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    if not port:
+        return sock, sock.bind_to_random_port("tcp://127.0.0.1")
+    for attempt in range(50):
+        try:
+            sock.bind(f"tcp://127.0.0.1:{port}")
+            return sock, port
+        except zmq.ZMQError:
+            if attempt == 49:
+                sock.close(linger=0)
+                raise
+            time.sleep(0.02)
+    raise AssertionError("unreachable")
+
+
 class FakePublisher:
     """XPUB (so a test can wait for the subscription) plus a ROUTER replay socket."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, *, port: int = 0, replay: bool = True) -> None:
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        *,
+        port: int = 0,
+        replay_port: int = 0,
+        replay: bool = True,
+    ) -> None:
         self.ctx = ctx
-        self.pub = ctx.socket(zmq.XPUB)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        if port:
-            self.pub.bind(f"tcp://127.0.0.1:{port}")
-            self.port = port
-        else:
-            self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        self.pub, self.port = _bind(ctx, zmq.XPUB, port)
         self.router: zmq.asyncio.Socket | None = None
         self.replay_port: int | None = None
         if replay:
-            self.router = ctx.socket(zmq.ROUTER)
-            self.router.setsockopt(zmq.LINGER, 0)
-            self.replay_port = self.router.bind_to_random_port("tcp://127.0.0.1")
+            self.router, self.replay_port = _bind(ctx, zmq.ROUTER, replay_port)
         self.buffer: list[tuple[int, list[bytes]]] = []
         self.seq = 0
         self.truth: set[Any] = set()  # engine hashes the engine holds, as its events say
