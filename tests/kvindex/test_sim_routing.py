@@ -129,3 +129,22 @@ async def test_engine_restart_is_reflected(fleet: SimFleet, router: RunningRoute
         assert all(index.engine_hashes(n) == hashes for n, hashes in truth.items())
     stats = router.router.services["kv_events"].subscribers[name].stats
     assert stats.events > 0
+
+
+async def test_salted_requests_are_indexed_under_their_salt(
+    fleet: SimFleet, router: RunningRouter
+) -> None:
+    index: KvIndex = router.router.services["kv_index"]
+    tokenizer = router.router.services["tokenizer"]
+    body = {"model": "sim-model", "prompt": CONTEXT, "max_tokens": 2, "cache_salt": "tenant-a"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{router.url}/v1/completions", json=body) as resp,
+    ):
+        assert resp.status == 200
+        engine = resp.headers["X-Hiveroute-Engine"]
+    await settled(index, fleet)
+    ids = tokenizer.encode(CONTEXT)
+    assert index.match_tokens(engine, ids, salt="tenant-a").tokens == len(ids) // 16 * 16
+    assert index.match_tokens(engine, ids).tokens == 0
+    assert index.match_tokens(engine, ids, salt="tenant-b").tokens == 0
