@@ -6,12 +6,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from hiveroute.sim.config import SimConfig
-from hiveroute.sim.fleet import SimFleet
 
 from hiveroute.config import RouterConfig
 from hiveroute.gateway.server import RunningRouter, start_router
 from hiveroute.kvindex.index import KvIndex
+from hiveroute.sim.config import SimConfig
+from hiveroute.sim.fleet import SimFleet
 
 CONTEXT = " ".join(f"fact{i} about the shared plan" for i in range(120))
 
