@@ -146,10 +146,16 @@ class KvTtftScorer(_CacheScorer):
         predictor: TtftPredictor,
         *,
         speculate: bool = True,
+        tolerance: float = 0.1,
+        tolerance_s: float = 0.005,
     ) -> None:
+        if tolerance < 0 or tolerance_s < 0:
+            raise ValueError("tolerance and tolerance_s must not be negative")
         super().__init__(index, tokenizer)
         self.predictor = predictor
         self.speculative = speculate
+        self.tolerance = tolerance
+        self.tolerance_s = tolerance_s
 
     def score(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
@@ -168,11 +174,19 @@ class KvTtftScorer(_CacheScorer):
                 lower_tier_tokens=min(m.lower_tokens, n_tokens),
             )
         best = min(predicted[e.name] for e in candidates)
-        scores = {
-            e.name: (best / predicted[e.name]) if predicted[e.name] > 0 else 1.0 for e in candidates
-        }
-        winner = max(candidates, key=lambda e: (scores[e.name], cached[e.name]))
         most = max(cached.values())
+        # predictions are estimates: among engines within the tolerance of the best, the one
+        # holding more of the prefix wins (its cache grows more valuable with every turn)
+        near = best * (1 + self.tolerance) + self.tolerance_s
+        scores: dict[str, float] = {}
+        for e in candidates:
+            pred = predicted[e.name]
+            if pred <= near:
+                share = cached[e.name] / most if most else 0.0
+                scores[e.name] = 1.0 - 1e-3 * (1.0 - share) - 1e-6 * (pred - best) / max(near, 1e-9)
+            else:
+                scores[e.name] = best / pred if pred > 0 else 1.0
+        winner = max(candidates, key=lambda e: (scores[e.name], cached[e.name]))
         if tokens is None:
             reason = "no_tokens"
         elif self.guard_took_best(request, state, most):

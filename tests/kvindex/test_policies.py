@@ -80,6 +80,18 @@ async def test_kv_trades_a_short_match_for_a_shorter_queue() -> None:
     assert decision.engine is pool.engines[1] and decision.reason == "kv_ttft_tradeoff"
 
 
+async def test_near_equal_predictions_go_to_the_longer_match() -> None:
+    pool, policy, svc = make(2, "kv", ttft_predictor=TtftPredictor(queue_s_per_request=0.01))
+    tokens = BuiltinTokenizer().encode(PROMPT)
+    cache_on(svc["kv_index"], "127.0.0.1:8101", tokens[:64])  # saves a few ms at most
+    svc["kv_index"].set_block_size("127.0.0.1:8100", BS)
+    pool.engines[1].load.in_flight = 1  # ... and costs a little queueing: a near tie
+    decision, state = await route(policy, pool, request())
+    predicted = state["predicted_ttft"]
+    assert predicted["127.0.0.1:8101"] > predicted["127.0.0.1:8100"]
+    assert decision.engine is pool.engines[1] and decision.reason == "kv_hit"
+
+
 async def test_load_guard_never_makes_the_cache_holder_the_bottleneck() -> None:
     slow = TtftPredictor(prefill_s_per_token=1e-2)  # recomputing would cost seconds
     pool, policy, svc = make(4, "kv", ttft_predictor=slow)
