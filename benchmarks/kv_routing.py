@@ -8,7 +8,7 @@ Runs the bench harness (`hiveroute bench compare`) twice:
 2. the ideal: one engine whose KV cache is as large as the N engines' together (every prefix is
    found wherever it was computed; its TTFT is not comparable, its hit rate is the ceiling).
 
-    PYTHONPATH=. python -m benchmarks.kv_routing [--engines 4] [--trace-limit 300] [...]
+    PYTHONPATH=. python -m benchmarks.kv_routing [--engines 4] [--trace-limit 1000] [...]
 
 Extra arguments after `--` go to the harness (e.g. `-- --users 32`). Peer routers (SGLang,
 vLLM's) are added with `--peers`, which the bench harness installs on first use.
@@ -72,9 +72,9 @@ def main() -> None:
     parser.add_argument("--preset", default="llama-8b-h100")
     parser.add_argument("--workload", action="append", choices=("trace", "multiturn"))
     parser.add_argument("--trace", type=Path, default=TRACE, help="Mooncake trace (JSONL)")
-    parser.add_argument("--trace-limit", type=int, default=300)
-    parser.add_argument("--trace-speed", type=float, default=4.0)
-    parser.add_argument("--token-scale", type=float, default=0.25)
+    parser.add_argument("--trace-limit", type=int, default=1000)
+    parser.add_argument("--trace-speed", type=float, default=8.0)
+    parser.add_argument("--token-scale", type=float, default=0.1)
     parser.add_argument("--max-output", type=int, default=32)
     parser.add_argument("--users", type=int, default=24)
     parser.add_argument("--turns", type=int, default=5)

@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-REPORTS = Path(__file__).resolve().parent / "reports"
+REPORTS = Path(__file__).resolve().parent / "results"
 
 
 def machine() -> str:
@@ -25,7 +25,7 @@ def machine() -> str:
 
 
 def write_report(name: str, title: str, body: str) -> Path:
-    """Write benchmarks/reports/NAME.md with the date, machine and exact command."""
+    """Write benchmarks/results/NAME.md with the date, machine and exact command."""
     REPORTS.mkdir(parents=True, exist_ok=True)
     path = REPORTS / f"{name}.md"
     command = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
