@@ -28,7 +28,9 @@ def write_report(name: str, title: str, body: str) -> Path:
     """Write benchmarks/results/NAME.md with the date, machine and exact command."""
     REPORTS.mkdir(parents=True, exist_ok=True)
     path = REPORTS / f"{name}.md"
-    command = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+    script = Path(sys.argv[0])
+    head = f"-m benchmarks.{script.stem}" if script.parent.name == "benchmarks" else str(script)
+    command = " ".join([Path(sys.executable).name, head, *(shlex.quote(a) for a in sys.argv[1:])])
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     path.write_text(
         f"# {title}\n\n- date: {now}\n- machine: {machine()}\n- command: `{command}`\n\n{body}\n"
