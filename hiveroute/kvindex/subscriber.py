@@ -194,10 +194,17 @@ class KvEventSubscriber:
                     return
                 self.stats.publisher_restarts += 1
                 log.info("KV-event publisher of %s restarted; rebuilding its entries", self.engine)
-                self.index.clear_engine(self.engine)
+                self._restarted()
             everything = await self._replay(0)
             if everything:  # all the buffer still holds (a long-lived engine's recent past)
                 self._apply_run(everything, everything[0].seq)
+
+    def _restarted(self) -> None:
+        """A new publisher: the engine's cache is new, and its sequence starts again at 0."""
+        self.index.clear_engine(self.engine)
+        self._expected = 0
+        self._last_ts = None
+        self._recent.clear()
 
     def _apply_run(self, batches: list[EventBatch], first: int) -> None:
         """Apply consecutive batches from seq `first` (stopping at the first hole)."""
@@ -234,7 +241,7 @@ class KvEventSubscriber:
                 batch.seq,
                 expected - 1,
             )
-            self.index.clear_engine(self.engine)
+            self._restarted()
             expected = 0
         if expected is None:
             expected = 0 if self.replay_endpoint else batch.seq  # joined late: catch up if we can
