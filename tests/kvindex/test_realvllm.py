@@ -101,12 +101,12 @@ async def test_index_holds_exactly_what_vllm_caches(vllm: VllmServer, model_dir:
     tok: HFTokenizer = router.services["tokenizer"]
     name = router.pool.engines[0].name
     rng = random.Random(5)
-    shared = text(rng, 300)
+    shared = text(rng, 800)
     try:
         await asyncio.wait_for(events.subscribers[name].connected.wait(), 10)
         async with aiohttp.ClientSession() as session:
-            for i in range(8):  # distinct prompts beyond the cache's 48 blocks: evictions
-                prompt = (shared if i % 2 else text(rng, 300)) + " " + text(rng, 60)
+            for i in range(12):  # ~100 blocks of prompts through a 48-block cache: evictions
+                prompt = (shared if i % 3 == 1 else text(rng, 800)) + " " + text(rng, 60)
                 body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
                 await _wait_quiet(index, name)
                 ids = tok.encode(prompt)
@@ -123,7 +123,8 @@ async def test_index_holds_exactly_what_vllm_caches(vllm: VllmServer, model_dir:
         # removals happened and are reflected: the index holds no more than the pool's blocks
         assert 0 < index.engine_block_count(name) <= BLOCKS
         # exactly the engine's blocks: a second, independent read of vLLM's event stream agrees
-        truth = await _replayed_truth(vllm)
+        truth, removals = await _replayed_truth(vllm)
+        assert removals > 0  # vLLM evicted blocks, and the index followed
         assert index.engine_hashes(name) == truth
 
         vllm.stop()  # the engine restarts on the same ports with an empty cache
@@ -139,13 +140,14 @@ async def test_index_holds_exactly_what_vllm_caches(vllm: VllmServer, model_dir:
             await asyncio.sleep(0.1)
         await _wait_quiet(index, name)
         assert stats.publisher_restarts == 1
-        assert index.engine_hashes(name) == await _replayed_truth(vllm)
+        assert index.engine_hashes(name) == (await _replayed_truth(vllm))[0]
     finally:
         await running.stop()
 
 
-async def _replayed_truth(server: VllmServer) -> set[Any]:
-    """The engine's blocks according to its own replay buffer (every batch since it started)."""
+async def _replayed_truth(server: VllmServer) -> tuple[set[Any], int]:
+    """The engine's blocks according to its own replay buffer (every batch since it started),
+    and how many blocks it reported removed."""
     import zmq
     import zmq.asyncio
 
@@ -155,6 +157,7 @@ async def _replayed_truth(server: VllmServer) -> set[Any]:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     held: set[Any] = set()
+    removals = 0
     try:
         sock.connect(server.replay_endpoint)
         await sock.send_multipart([b"", (0).to_bytes(8, "big")])
@@ -167,9 +170,10 @@ async def _replayed_truth(server: VllmServer) -> set[Any]:
                     held |= set(event.block_hashes)
                 elif isinstance(event, BlockRemoved):
                     held -= set(event.block_hashes)
+                    removals += len(event.block_hashes)
                 elif isinstance(event, AllBlocksCleared):
                     held.clear()
     finally:
         sock.close(linger=0)
         ctx.term()
-    return held
+    return held, removals
