@@ -104,6 +104,37 @@ class RouterConfig:
         "where shared state lives: 'memory' or a redis:// (rediss://) URL shared by replicas",
         "memory",
     )
+    workflow_ttl_s: float = _opt("seconds an idle workflow lives before it expires", 600.0)
+    workflow_retain_s: float = _opt(
+        "seconds an ended or expired workflow stays readable in the API", 3600.0
+    )
+    workflow_max_requests: int = _opt("requests kept per workflow in the API (most recent)", 256)
+    workflow_max_agents: int = _opt("agents tracked per workflow (more count as '(other)')", 256)
+    max_workflows: int = _opt("most workflows the router holds at once", 10_000)
+    context_max_bytes: int = _opt("largest shared context accepted, in bytes", 4 * 1024 * 1024)
+    context_max_count: int = _opt("most shared contexts the router holds", 1000)
+    shared_prefix_layout: bool = _opt(
+        "lay out every workflow's prompts shared contexts first (workflows may opt in alone)",
+        False,
+    )
+    workflow_priorities: bool = _opt(
+        "set vLLM 'priority' from each workflow's attained service (least first; engines need "
+        "--scheduling-policy priority); workflows may opt in alone",
+        False,
+    )
+    priority_quantum_tokens: int = _opt(
+        "service (tokens) after which a workflow's priority level first drops", 2048
+    )
+    keep_warm_interval_s: float = _opt(
+        "seconds between keep-warm rounds (0 turns keep-warm and pre-warm off)", 1.0
+    )
+    keep_warm_idle_s: float = _opt(
+        "seconds a workflow's prefix may sit unused on an engine before it is re-touched", 2.0
+    )
+    keep_warm_max_rps: float = _opt("most keep-warm requests per second, all engines together", 4.0)
+    keep_warm_retention_s: float = _opt(
+        "seconds a retention hint asks an engine to keep a prefix (engines that support it)", 30.0
+    )
 
     def client_api_keys(self) -> dict[str, str]:
         """Client keys (key -> tenant) from `api_keys` and `api_keys_file` together."""
@@ -176,6 +207,22 @@ class RouterConfig:
             raise ConfigError(
                 f"tokenizer: no tokenizer.json in {self.tokenizer!r}; give the model's directory"
             )
+        for name in ("workflow_ttl_s", "workflow_retain_s", "keep_warm_retention_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        for name in (
+            "workflow_max_requests",
+            "workflow_max_agents",
+            "max_workflows",
+            "context_max_bytes",
+            "context_max_count",
+            "priority_quantum_tokens",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be a positive integer")
+        for name in ("keep_warm_interval_s", "keep_warm_idle_s", "keep_warm_max_rps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 or more")
         self.engine_specs  # noqa: B018 - parses each spec, raising ConfigError on a bad one
         return self
 

@@ -114,6 +114,9 @@ def build_app(router: Router) -> web.Application:
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)
+    from hiveroute.workflows.api import add_routes
+
+    add_routes(app, router)  # /v1/workflows, /v1/contexts
 
     async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
         await router.start()

@@ -79,6 +79,9 @@ class Router:
                 topic=config.kv_events_topic,
             )
         )
+        from hiveroute.workflows.service import WorkflowService
+
+        WorkflowService.install(self)  # before the policy: the `workflow` policy reads it
         self.policy: Policy = build_policy(
             config.policy, PluginContext(self.pool, self.services), config.policies
         )

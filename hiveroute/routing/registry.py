@@ -27,6 +27,7 @@ from hiveroute.routing.pickers import MaxScorePicker, RoundRobinPicker
 from hiveroute.routing.policy import Policy, WeightedScorer
 from hiveroute.routing.scorers import LoadScorer, SessionAffinityScorer
 from hiveroute.routing.ttft import TtftPredictor
+from hiveroute.workflows.placement import WorkflowPlacementScorer
 
 
 @dataclass
@@ -59,6 +60,7 @@ PLUGINS: dict[str, PluginFactory] = {
         get_kv_index(ctx.services), get_tokenizer(ctx.services), ttft_predictor(ctx), **kw
     ),
     "prefix_affinity": lambda ctx, **kw: ApproxPrefixScorer(get_tokenizer(ctx.services), **kw),
+    "workflow_placement": lambda ctx, **kw: WorkflowPlacementScorer(ctx.services, **kw),
 }
 
 BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
@@ -86,6 +88,10 @@ BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
     "kv": {
         "filters": [{"name": "load_guard"}],
         "scorers": [{"name": "kv_ttft", "weight": 1.0}],
+        "picker": "max_score",
+    },
+    "workflow": {
+        "scorers": [{"name": "workflow_placement", "weight": 1.0}],
         "picker": "max_score",
     },
 }

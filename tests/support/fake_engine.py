@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -28,6 +29,7 @@ class FakeEngineBehaviour:
     health_stall_s: float = 0.0  # /health answers this late (an overloaded engine)
     running: int = 0
     waiting: int = 0
+    usage_for: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # request -> usage
 
 
 class FakeEngine:
@@ -102,6 +104,8 @@ class FakeEngine:
             "total_tokens": 10 + b.stream_chunks,
             "prompt_tokens_details": {"cached_tokens": 4},
         }
+        if b.usage_for is not None:
+            usage = b.usage_for(body)
         if not body.get("stream"):
             return web.json_response(
                 {

@@ -1,0 +1,1 @@
+"""Workflows as first-class: registry, shared contexts, placement, keep-warm, priorities."""

@@ -1,0 +1,102 @@
+"""Cross-agent accounting: prompt tokens served from blocks another agent of the workflow stored.
+
+The engine says how many prompt tokens hit its cache (`usage.cached_tokens`, a prefix); this
+module says who put those blocks there. Per workflow and engine it remembers, for each chained
+block of `block_size` tokens, the earliest-started request that sent it there and its agent.
+A request's hit tokens whose blocks another agent of the same workflow sent first (and started
+before it) are cross-agent. This holds whatever the routing policy, with or without KV events;
+memory is bounded per workflow, and a workflow's map is dropped when it ends or expires.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any
+
+from hiveroute.errors import HiverouteError
+from hiveroute.kvindex.tokenizer import Tokenizer, prompt_token_ids
+
+log = logging.getLogger("hiveroute.workflows")
+
+Origin = tuple[float, str]  # (request start time, agent id)
+
+
+class CrossAgentAccountant:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        block_size: int = 16,
+        max_blocks_per_workflow: int = 200_000,
+        max_workflows: int = 10_000,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        self.tokenizer = tokenizer
+        self.block_size = block_size
+        self.max_blocks = max_blocks_per_workflow
+        self.max_workflows = max_workflows
+        # workflow -> engine -> block chain hash -> origin
+        self._maps: OrderedDict[str, dict[str, dict[int, Origin]]] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+
+    def token_ids(self, path: str, body: dict[str, Any]) -> list[int] | None:
+        try:
+            return prompt_token_ids(self.tokenizer, path, body)
+        except (HiverouteError, ValueError, TypeError) as exc:
+            log.debug("cannot tokenize for accounting: %s", exc)
+            return None
+
+    def _chain(self, tokens: list[int]) -> list[int]:
+        size = self.block_size
+        chain: list[int] = []
+        parent = 0
+        for start in range(0, len(tokens) - size + 1, size):
+            parent = hash((parent, tuple(tokens[start : start + size])))
+            chain.append(parent)
+        return chain
+
+    def account(
+        self,
+        workflow_id: str,
+        agent_id: str | None,
+        engine: str,
+        tokens: list[int],
+        cached_tokens: int | None,
+        started_at: float,
+    ) -> int:
+        """Record this request's blocks; return its cross-agent cached tokens."""
+        maps = self._maps.get(workflow_id)
+        if maps is None:
+            maps = self._maps[workflow_id] = {}
+            while len(self._maps) > self.max_workflows:
+                old, _ = self._maps.popitem(last=False)
+                self._sizes.pop(old, None)
+        self._maps.move_to_end(workflow_id)
+        blocks = maps.setdefault(engine, {})
+        chain = self._chain(tokens)
+        me = agent_id or ""
+        hit_blocks = min(len(chain), (cached_tokens or 0) // self.block_size)
+        cross = 0
+        for i, key in enumerate(chain):
+            origin = blocks.get(key)
+            if (
+                i < hit_blocks
+                and origin is not None
+                and origin[1] != me
+                and origin[0] <= started_at
+            ):
+                cross += 1
+            if origin is None:
+                if self._sizes.get(workflow_id, 0) >= self.max_blocks:
+                    continue
+                self._sizes[workflow_id] = self._sizes.get(workflow_id, 0) + 1
+                blocks[key] = (started_at, me)
+            elif origin[0] > started_at:
+                blocks[key] = (started_at, me)  # this request started first: it stored it
+        return cross * self.block_size
+
+    def forget(self, workflow_id: str) -> None:
+        self._maps.pop(workflow_id, None)
+        self._sizes.pop(workflow_id, None)

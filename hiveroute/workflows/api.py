@@ -1,0 +1,171 @@
+"""The control API: /v1/workflows and /v1/contexts (see WORKFLOW_API.md for the contract)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from hiveroute.errors import BadRequest, Forbidden, NotFound
+from hiveroute.gateway.body import parse_json_object, read_body
+from hiveroute.gateway.completions import ROUTER_KEY
+from hiveroute.workflows.expansion import SEPARATOR, canonical_order
+from hiveroute.workflows.placement import home_fitness
+from hiveroute.workflows.registry import WorkflowView, check_id
+from hiveroute.workflows.service import WorkflowService, get_workflow_service
+
+if TYPE_CHECKING:
+    from hiveroute.gateway.router import Router
+
+API_BODY_LIMIT = 64 * 1024
+
+
+def _service(request: web.Request) -> WorkflowService:
+    service = get_workflow_service(request.app[ROUTER_KEY].services)
+    if service is None:
+        raise NotFound("workflows are not enabled on this router")
+    return service
+
+
+async def _json_body(request: web.Request, limit: int) -> dict[str, Any]:
+    return parse_json_object(await read_body(request, limit))
+
+
+# --- workflows ----------------------------------------------------------------------------
+
+
+async def create_workflow(request: web.Request) -> web.Response:
+    service = _service(request)
+    body = await _json_body(request, API_BODY_LIMIT)
+    context_ids = body.get("context_ids")
+    workflow_id = body.get("id")
+    if isinstance(context_ids, list):
+        for cid in context_ids:
+            if not isinstance(cid, str):
+                continue
+            context = await service.contexts.get(cid, required=False)
+            if context is None:
+                raise BadRequest(
+                    f"unknown context {cid!r} in 'context_ids'; register it first",
+                    param="context_ids",
+                )
+            if context.workflow_id is not None and context.workflow_id != workflow_id:
+                raise Forbidden(f"context {cid!r} belongs to another workflow", param="context_ids")
+    settings = await service.registry.declare(body)
+    view = await service.registry.view(settings.id, fresh=True)
+    if view is not None and settings.context_ids:
+        await _prewarm(service, view)
+    return web.json_response(await service.registry.describe(settings.id), status=201)
+
+
+async def list_workflows(request: web.Request) -> web.Response:
+    service = _service(request)
+    await service.flush()
+    return web.json_response({"object": "list", "data": await service.registry.summaries()})
+
+
+async def get_workflow(request: web.Request) -> web.Response:
+    service = _service(request)
+    await service.flush()
+    return web.json_response(await service.registry.describe(request.match_info["workflow_id"]))
+
+
+async def delete_workflow(request: web.Request) -> web.Response:
+    service = _service(request)
+    await service.flush()
+    return web.json_response(await service.registry.end(request.match_info["workflow_id"]))
+
+
+# --- contexts -----------------------------------------------------------------------------
+
+
+async def create_context(request: web.Request) -> web.Response:
+    service = _service(request)
+    body = await _json_body(request, service.contexts.max_bytes * 2 + API_BODY_LIMIT)
+    workflow_id = body.get("workflow_id")
+    view: WorkflowView | None = None
+    if workflow_id is not None:
+        check_id(workflow_id, "'workflow_id'")
+        view = await service.registry.ensure(workflow_id)
+    context, _ = await service.contexts.register(body)
+    if view is not None and context.id not in view.settings.context_ids:
+        view.settings.context_ids.append(context.id)
+        await service.registry.save(view.settings)
+        await _prewarm(service, view)
+    return web.json_response(context.to_json(), status=201)
+
+
+async def list_contexts(request: web.Request) -> web.Response:
+    service = _service(request)
+    workflow_id = request.query.get("workflow_id")
+    contexts = await service.contexts.list(workflow_id)
+    return web.json_response({"object": "list", "data": [c.to_json() for c in contexts]})
+
+
+async def get_context(request: web.Request) -> web.Response:
+    service = _service(request)
+    context = await service.contexts.get(request.match_info["context_id"])
+    assert context is not None
+    return web.json_response(context.to_json(with_text=True))
+
+
+async def delete_context(request: web.Request) -> web.Response:
+    service = _service(request)
+    context_id = request.match_info["context_id"]
+    if not await service.contexts.delete(context_id):
+        raise NotFound(f"no context {context_id!r}", code="context_not_found")
+    return web.json_response({"id": context_id, "deleted": True})
+
+
+# --- pre-warm -----------------------------------------------------------------------------
+
+
+async def shared_prefix_of(service: WorkflowService, view: WorkflowView) -> str | None:
+    """The workflow's canonical shared prefix: its contexts in registration order."""
+    resolved = {}
+    for cid in view.settings.context_ids:
+        context = await service.contexts.get(cid, required=False)
+        if context is not None:
+            resolved[cid] = context
+    if not resolved:
+        return None
+    return SEPARATOR.join(c.text for c in canonical_order(resolved, view.settings.context_ids))
+
+
+async def _prewarm(service: WorkflowService, view: WorkflowView) -> None:
+    """Prefill the shared prefix on the home engine (chosen now if need be), in the background."""
+    router = service.router
+    if router is None or not service.layout_on(view) or not service.keep_warm.enabled:
+        return
+    prefix = await shared_prefix_of(service, view)
+    if prefix is None:
+        return
+    view.shared_prefix = prefix
+    view.warm_text = prefix
+    candidates = router.pool.candidates(view.model)
+    if not candidates:
+        return
+    if view.home is None:
+        best = max(candidates, key=lambda e: (home_fitness(e), e.name))
+        await service.registry.claim_home(view, best.name)
+    engine = router.pool.get(view.home) if view.home else None
+    if engine is not None and engine.healthy:
+        service.spawn(service.keep_warm.prewarm(view, engine, prefix))
+
+
+# --- mounting -----------------------------------------------------------------------------
+
+
+def add_routes(app: web.Application, router: Router) -> None:
+    """Mount the control API on the router's app (called from build_app, which sets ROUTER_KEY)."""
+    app.router.add_post("/v1/workflows", create_workflow)
+    app.router.add_get("/v1/workflows", list_workflows)
+    app.router.add_get("/v1/workflows/{workflow_id}", get_workflow)
+    app.router.add_delete("/v1/workflows/{workflow_id}", delete_workflow)
+    app.router.add_post("/v1/contexts", create_context)
+    app.router.add_get("/v1/contexts", list_contexts)
+    app.router.add_get("/v1/contexts/{context_id}", get_context)
+    app.router.add_delete("/v1/contexts/{context_id}", delete_context)
+
+
+__all__ = ["add_routes"]

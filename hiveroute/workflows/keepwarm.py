@@ -1,0 +1,222 @@
+"""Keep-warm and pre-warm: keep a workflow's shared prefix resident on its home engine(s).
+
+Between steps (no request of the workflow in flight, e.g. its agents wait on tools) a prefix
+unused for `keep_warm_idle_s` is at risk of eviction under load. Each round, such prefixes are
+re-touched on the workflow's home and spill engines: with a retention hint where the engine
+supports one (the simulator's POST /sim/retain pins the blocks for `keep_warm_retention_s`),
+else with a one-token request (max_tokens=1) that refreshes the blocks' recency. All of it
+within a budget of `keep_warm_max_rps` requests per second (a token bucket). A workflow stops
+being kept warm when it ends or expires; its retention pins are released then.
+
+Only workflows placed by the `workflow` policy have home engines, so other policies never
+trigger keep-warm. Pre-warm: a registered context is prefilled on the home engine before the
+first agent asks (`prewarm`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from hiveroute.engines.engine import Engine
+
+if TYPE_CHECKING:
+    from hiveroute.gateway.router import Router
+    from hiveroute.workflows.registry import WorkflowView
+    from hiveroute.workflows.service import WorkflowService
+
+log = logging.getLogger("hiveroute.workflows.keepwarm")
+
+REQUEST_TIMEOUT_S = 30.0
+MAX_TASKS = 64
+
+
+class TokenBucket:
+    def __init__(self, rate: float, burst: float | None = None) -> None:
+        self.rate = rate
+        self.burst = burst if burst is not None else max(1.0, rate)
+        self.tokens = self.burst
+        self.at = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+def warm_body(view: WorkflowView, text: str, model: str | None, *, chat: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"max_tokens": 1, "stream": False}
+    if model is not None:
+        body["model"] = model
+    if chat:
+        body["messages"] = [{"role": "system", "content": text}]
+    else:
+        body["prompt"] = text
+    return body
+
+
+class KeepWarm:
+    def __init__(self, service: WorkflowService) -> None:
+        self.service = service
+        config = service.config
+        self.interval_s: float = config.keep_warm_interval_s
+        self.idle_s: float = config.keep_warm_idle_s
+        self.retention_s: float = config.keep_warm_retention_s
+        self.bucket = TokenBucket(config.keep_warm_max_rps)
+        self.router: Router | None = None
+        self.retain_supported: dict[str, bool] = {}  # engine -> does it take /sim/retain
+        self.retained: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {}  # wf -> engine -> hint
+        self.sent = 0
+        self._task: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval_s > 0 and self.bucket.rate > 0
+
+    async def start(self, router: Router) -> None:
+        self.router = router
+        if self.enabled:
+            self._task = asyncio.create_task(self._loop(), name="keep-warm")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for task in list(self._inflight):
+            task.cancel()
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    def forget(self, workflow_id: str) -> None:
+        """The workflow ended or expired: release its retention pins, warm it no more."""
+        hints = self.retained.pop(workflow_id, {})
+        for engine_name, (path, body) in hints.items():
+            self._launch(self._retain(engine_name, path, {**body, "seconds": 0}, "release"))
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.round()
+            except Exception:
+                log.exception("keep-warm round failed")
+
+    def round(self, now: float | None = None) -> int:
+        """One pass over active workflows; returns how many warm requests it launched."""
+        assert self.router is not None
+        now = time.monotonic() if now is None else now
+        launched = 0
+        for view in self.service.registry.active_views():
+            if view.active_requests > 0 or not view.engines:
+                continue
+            text = view.warm_text
+            if text is None or len(text) < 256:
+                continue
+            for name in view.engines:
+                engine = self.router.pool.get(name)
+                if engine is None or not engine.healthy:
+                    continue
+                last = max(view.last_used.get(name, 0.0), view.warmed_at.get(name, 0.0))
+                retaining = self.retain_supported.get(name) and name in self.retained.get(
+                    view.id, {}
+                )
+                wait = max(self.idle_s, self.retention_s / 2) if retaining else self.idle_s
+                if now - last < wait:
+                    continue
+                if len(self._inflight) >= MAX_TASKS or not self.bucket.take():
+                    return launched
+                view.warmed_at[name] = now
+                self._launch(self.warm(view, engine, text))
+                launched += 1
+        return launched
+
+    def _launch(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    def _model(self, view: WorkflowView, engine: Engine) -> str | None:
+        if view.model is not None:
+            return view.model
+        return min(engine.models) if engine.models else None
+
+    async def warm(self, view: WorkflowView, engine: Engine, text: str) -> None:
+        """Retention hint if the engine takes one, else a one-token request."""
+        chat = view.path is None or view.path.endswith("/chat/completions")
+        body = warm_body(view, text, self._model(view, engine), chat=chat)
+        if self.retain_supported.get(engine.name) is not False:
+            hint = {k: v for k, v in body.items() if k in ("messages", "prompt", "model")}
+            pinned = await self._retain(
+                engine.name, "/sim/retain", {**hint, "seconds": self.retention_s}, "retain"
+            )
+            if pinned:
+                self.retained.setdefault(view.id, {})[engine.name] = ("/sim/retain", hint)
+                return
+            # nothing pinned (the prefix was evicted, or no hint support): prefill it again
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        await self._send(engine, path, body, "touch")
+
+    async def _retain(self, engine_name: str, path: str, body: dict[str, Any], kind: str) -> bool:
+        """Send a retention hint; True if the engine pinned some of the prefix."""
+        assert self.router is not None
+        engine = self.router.pool.get(engine_name)
+        if engine is None:
+            return False
+        try:
+            async with self.router.session.post(
+                engine.url + path,
+                json=body,
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
+            ) as resp:
+                if resp.status in (404, 405):
+                    await resp.read()
+                    self.retain_supported[engine_name] = False
+                    return False
+                ok = resp.status < 400
+                answer = await resp.json(content_type=None) if ok else None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.debug("retention hint to %s failed: %s", engine_name, exc)
+            ok, answer = False, None
+        if ok:
+            self.retain_supported[engine_name] = True
+        self.sent += 1
+        self.service.metrics.keep_warm.labels(engine_name, kind, "ok" if ok else "error").inc()
+        pinned = answer.get("pinned_tokens", 0) if isinstance(answer, dict) else 0
+        return bool(ok and isinstance(pinned, int) and pinned > 0)
+
+    async def _send(self, engine: Engine, path: str, body: dict[str, Any], kind: str) -> bool:
+        assert self.router is not None
+        try:
+            async with self.router.session.post(
+                engine.url + path,
+                json=body,
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
+            ) as resp:
+                await resp.read()
+                ok = resp.status < 400
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("%s request to %s failed: %s", kind, engine.name, exc)
+            ok = False
+        self.sent += 1
+        self.service.metrics.keep_warm.labels(engine.name, kind, "ok" if ok else "error").inc()
+        return ok
+
+    async def prewarm(self, view: WorkflowView, engine: Engine, text: str) -> bool:
+        """Prefill `text` (the workflow's shared prefix) on `engine` before agents ask."""
+        if not self.enabled:
+            return False
+        chat = view.path is None or view.path.endswith("/chat/completions")
+        body = warm_body(view, text, self._model(view, engine), chat=chat)
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        view.warmed_at[engine.name] = time.monotonic()
+        return await self._send(engine, path, body, "prewarm")

@@ -1,0 +1,283 @@
+"""Workflow placement: the `workflow` policy's scorer.
+
+A new workflow gets a home engine chosen for free KV capacity and load; every replica agrees on
+it (set-if-absent in the state store). Its agents follow the home while the predicted TTFT there
+beats the alternatives: the home holds the workflow's prefix, so it is predicted to need only
+the uncached rest, while another engine would prefill everything. When a fan-out would overload
+the home (its queue past a bounded-load limit, or its predicted TTFT worse than elsewhere even
+with the cache), siblings spill to a second engine, which becomes a secondary home: later
+spills go there too, so the shared context is prefilled there once, not once per request. Up to
+`max_homes` engines per workflow. Requests without a workflow go where predicted TTFT is least.
+
+Reasons (CycleState["reason"]): workflow_new_home, workflow_home, workflow_spill (to an
+existing secondary home), workflow_new_spill (a new secondary home), workflow_none (no
+workflow id: least predicted TTFT), workflow_home_moved (the home left the pool).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+from hiveroute.engines.engine import Engine
+from hiveroute.routing.base import (
+    CycleState,
+    RequestOutcome,
+    RoutingRequest,
+    Scorer,
+    ScorerCategory,
+)
+from hiveroute.routing.policy import REASON_KEY
+from hiveroute.workflows.registry import WorkflowView
+
+VIEW_KEY = "workflow_view"
+ROUTED_KEY = "workflow_routed"  # (queue depth, estimated uncached tokens) at routing
+NEW_SPILL_KEY = "workflow_new_spill"
+TOKEN_IDS_KEY = "token_ids"  # shared with the cache-aware plugins when they ran first
+
+
+class TtftModel(Protocol):
+    """What placement needs from a TTFT predictor (the `kv` policy's TtftPredictor fits)."""
+
+    def predict(self, engine: str, *, queue_depth: float, uncached_tokens: int) -> float: ...
+
+    def observe(
+        self, engine: str, *, queue_depth: float, uncached_tokens: int, ttft_s: float
+    ) -> None: ...
+
+
+class SimpleTtftPredictor:
+    """base + queue × per-request + uncached × per-token, the per-token cost learned (EWMA)."""
+
+    def __init__(
+        self, *, base_s: float = 0.01, queue_s: float = 0.02, prefill_s_per_token: float = 1e-4
+    ) -> None:
+        self.base_s = base_s
+        self.queue_s = queue_s
+        self.default_prefill = prefill_s_per_token
+        self.prefill: dict[str, float] = {}
+
+    def predict(self, engine: str, *, queue_depth: float, uncached_tokens: int) -> float:
+        per_token = self.prefill.get(engine, self.default_prefill)
+        return self.base_s + self.queue_s * max(0.0, queue_depth) + per_token * uncached_tokens
+
+    def observe(
+        self, engine: str, *, queue_depth: float, uncached_tokens: int, ttft_s: float
+    ) -> None:
+        if uncached_tokens < 256 or not 0 < ttft_s < 3600:
+            return
+        sample = (ttft_s - self.base_s - self.queue_s * max(0.0, queue_depth)) / uncached_tokens
+        if sample <= 0:
+            return
+        old = self.prefill.get(engine, self.default_prefill)
+        self.prefill[engine] = 0.8 * old + 0.2 * sample
+
+
+def predictor_from(services: dict[str, Any]) -> TtftModel:
+    """The router's shared TTFT predictor (the `kv` policy's when present)."""
+    found = services.get("ttft_predictor")
+    if found is None:
+        found = services["ttft_predictor"] = SimpleTtftPredictor()
+    predictor: TtftModel = found
+    return predictor
+
+
+def prompt_chars(request: RoutingRequest) -> int:
+    body = request.body
+    if request.is_chat:
+        total = 0
+        for message in body.get("messages") or []:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str):
+                total += len(content)
+            elif isinstance(content, list):
+                total += sum(len(str(p.get("text", ""))) for p in content if isinstance(p, dict))
+        return total
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(len(p) if isinstance(p, str) else 4 for p in prompt)
+    return 0
+
+
+def home_fitness(engine: Engine) -> float:
+    """How good a new home `engine` is: free KV capacity over load."""
+    free = max(0.0, 1.0 - engine.load.kv_usage)
+    return (0.1 + free) / (1.0 + engine.load.queue_depth)
+
+
+class WorkflowPlacementScorer(Scorer):
+    name = "workflow_placement"
+    category = ScorerCategory.BALANCE
+
+    def __init__(
+        self,
+        services: dict[str, Any],
+        *,
+        load_factor: float = 1.5,
+        slack: int = 2,
+        max_homes: int = 2,
+        home_margin: float = 0.0,
+        chars_per_token: float = 4.0,
+    ) -> None:
+        if load_factor < 1.0:
+            raise ValueError("load_factor must be at least 1.0")
+        if slack < 0 or max_homes < 1 or home_margin < 0 or chars_per_token <= 0:
+            raise ValueError("slack and home_margin must be >= 0, max_homes >= 1")
+        self.services = services
+        self.load_factor = load_factor
+        self.slack = slack
+        self.max_homes = max_homes
+        self.home_margin = home_margin
+        self.chars_per_token = chars_per_token  # learned from usage as requests complete
+
+    @property
+    def service(self) -> Any:
+        from hiveroute.workflows.service import get_workflow_service
+
+        return get_workflow_service(self.services)
+
+    @property
+    def predictor(self) -> TtftModel:
+        return predictor_from(self.services)
+
+    # --- before the decision: agree on the home --------------------------------------------
+
+    async def prepare(self, request: RoutingRequest, state: CycleState) -> None:
+        wid = request.metadata.workflow_id
+        service = self.service
+        if wid is None or service is None:
+            return
+        view = await service.registry.view(wid)
+        if view is None:
+            return
+        state[VIEW_KEY] = view
+        pool = service.router.pool if service.router is not None else None
+        if pool is None:
+            return
+        candidates = pool.candidates(request.model)
+        if not candidates:
+            return
+        names = {e.name for e in candidates}
+        if view.home is None:
+            best = max(candidates, key=lambda e: (home_fitness(e), e.name))
+            await service.registry.claim_home(view, best.name)
+            if view.home == best.name:
+                state[REASON_KEY] = "workflow_new_home"
+        elif pool.get(view.home) is None:  # the home left the pool: move it
+            best = max(candidates, key=lambda e: (home_fitness(e), e.name))
+            await service.registry.replace_home(view, view.home, best.name)
+            state[REASON_KEY] = "workflow_home_moved"
+        elif view.home not in names and view.secondaries:
+            pass  # home is down for now: secondaries or the best alternative take over
+
+    # --- the decision ---------------------------------------------------------------------
+
+    def tokens(self, request: RoutingRequest, state: CycleState) -> int:
+        ids = state.get(TOKEN_IDS_KEY)
+        if isinstance(ids, list):
+            return len(ids)
+        return int(prompt_chars(request) / self.chars_per_token)
+
+    def bound(self, candidates: list[Engine]) -> int:
+        total = sum(e.load.queue_depth for e in candidates) + 1
+        return math.ceil(self.load_factor * total / len(candidates)) + self.slack
+
+    def _cached(self, view: WorkflowView | None, engine: Engine, n_tokens: int) -> int:
+        if view is None or engine.name not in view.engines:
+            return 0
+        estimate = view.cached_estimate.get(engine.name)
+        if estimate is None:  # nothing observed yet: assume its shared prefix is there
+            estimate = len(view.warm_text or "") / self.chars_per_token
+        return int(min(n_tokens, estimate))
+
+    def score(
+        self, request: RoutingRequest, candidates: list[Engine], state: CycleState
+    ) -> dict[str, float]:
+        view: WorkflowView | None = state.get(VIEW_KEY)
+        n = self.tokens(request, state)
+        predicted = {
+            e.name: self.predictor.predict(
+                e.name,
+                queue_depth=e.load.queue_depth,
+                uncached_tokens=max(0, n - self._cached(view, e, n)),
+            )
+            for e in candidates
+        }
+        by_name = {e.name: e for e in candidates}
+        bound = self.bound(candidates)
+
+        def fits(name: str) -> bool:
+            return by_name[name].load.queue_depth + 1 <= bound
+
+        best_any = min(predicted.values())
+        chosen: str
+        reason: str
+        if view is None:
+            chosen = min(candidates, key=lambda e: (predicted[e.name], e.name)).name
+            reason = "workflow_none"
+        else:
+            homes = [e for e in view.engines if e in by_name]
+            home = view.home if view.home in by_name else None
+            fitting = [h for h in homes if fits(h)]
+            best_home = min(fitting, key=lambda h: predicted[h]) if fitting else None
+            if (
+                home is not None
+                and home in fitting
+                and predicted[home] <= best_any * (1.0 + self.home_margin) + 1e-9
+            ):
+                chosen, reason = home, "workflow_home"
+            elif best_home is not None and (
+                predicted[best_home] <= best_any * (1.0 + self.home_margin) + 1e-9
+                or len(homes) >= self.max_homes
+            ):
+                chosen, reason = best_home, "workflow_spill"
+            else:
+                others = [e for e in candidates if e.name not in homes and fits(e.name)]
+                pool = others or candidates
+                chosen = min(pool, key=lambda e: (predicted[e.name], e.name)).name
+                reason = "workflow_new_spill" if chosen not in homes else "workflow_spill"
+                if chosen not in homes:
+                    state[NEW_SPILL_KEY] = chosen
+            state.setdefault(REASON_KEY, reason)
+        state.setdefault(REASON_KEY, reason)
+        state["predicted_ttft"] = predicted
+        return {
+            name: 1.0 if name == chosen else 0.5 * (best_any / p if p > 0 else 1.0)
+            for name, p in predicted.items()
+        }
+
+    def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
+        view: WorkflowView | None = state.get(VIEW_KEY)
+        n = self.tokens(request, state)
+        cached = self._cached(view, engine, n)
+        state[ROUTED_KEY] = (engine.load.queue_depth, max(0, n - cached))
+        service = self.service
+        if view is not None and service is not None and engine.name not in view.engines:
+            view.secondaries.append(engine.name)  # visible to the next sibling at once
+            service.spawn(service.registry.add_secondary(view, engine.name))
+
+    def on_completed(
+        self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
+    ) -> None:
+        routed = state.get(ROUTED_KEY)
+        if outcome.ok and outcome.prompt_tokens:
+            chars = prompt_chars(request)
+            if chars > 0:
+                self.chars_per_token = 0.9 * self.chars_per_token + 0.1 * (
+                    chars / outcome.prompt_tokens
+                )
+        if routed is None or not outcome.ok or outcome.ttft_s is None:
+            return
+        if not request.body.get("stream") and (outcome.completion_tokens or 0) > 1:
+            return  # a whole response's time is not a TTFT
+        queue_depth, uncached = routed
+        if outcome.prompt_tokens is not None and outcome.cached_tokens is not None:
+            uncached = max(0, outcome.prompt_tokens - outcome.cached_tokens)
+        self.predictor.observe(
+            outcome.engine.name,
+            queue_depth=queue_depth,
+            uncached_tokens=uncached,
+            ttft_s=outcome.ttft_s,
+        )

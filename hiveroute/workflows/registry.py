@@ -1,0 +1,620 @@
+"""The workflow registry: workflows, their agents and requests, kept in the state store.
+
+A workflow comes into being when declared (POST /v1/workflows) or on the first request that
+carries its id. Every request is recorded (bounded: the most recent `max_requests`), with its
+agent, engine, timings and token counts; counters that several replicas update are hash
+increments. Idle workflows expire after their TTL; ended and expired ones stay readable for
+`retain_s` and are then purged.
+
+Hot-path reads go through a local view per workflow (settings and home engines), refreshed
+from the store at most every `view_ttl_s`, so routing a request costs no store round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hiveroute.errors import BadRequest, Conflict, NotFound, TooManyRequests
+from hiveroute.state.store import StateStore, dumps, get_json, set_json
+from hiveroute.workflows.model import (
+    ACTIVE,
+    ENDED,
+    EXPIRED,
+    Handoff,
+    RequestRecord,
+    WorkflowSettings,
+    ratio,
+)
+
+log = logging.getLogger("hiveroute.workflows")
+
+MAX_ID = 256
+OTHER_AGENT = "(other)"
+STAT_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "cross_agent_cached_tokens")
+
+Listener = Callable[[str, str], None]  # (workflow id, new state)
+
+
+def _k(kind: str, workflow_id: str) -> str:
+    return f"wf:{kind}:{workflow_id}"
+
+
+def check_id(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_ID:
+        raise BadRequest(f"{what} must be a non-empty string of at most {MAX_ID} characters")
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise BadRequest(f"{what} must not contain whitespace or control characters")
+    return value
+
+
+@dataclass
+class WorkflowView:
+    """A replica's cached view of one workflow: what routing reads on every request."""
+
+    settings: WorkflowSettings
+    home: str | None = None
+    secondaries: list[str] = field(default_factory=list)
+    fetched_at: float = 0.0
+    agents: set[str] = field(default_factory=set)
+    service_tokens: float = 0.0  # attained service (PLAS), uncached prompt + completion tokens
+    last_active_at: float = 0.0
+    # Local runtime state (this replica's traffic), read by placement and keep-warm.
+    path: str | None = None  # the endpoint its requests use
+    model: str | None = None
+    warm_text: str | None = None  # the text its prompts start with (learned or its contexts)
+    shared_prefix: str | None = None  # the canonical shared-context prefix (layout)
+    active_requests: int = 0  # requests of this workflow in flight through this replica
+    last_used: dict[str, float] = field(default_factory=dict)  # engine -> monotonic seconds
+    cached_estimate: dict[str, float] = field(default_factory=dict)  # engine -> tokens (EWMA)
+    warmed_at: dict[str, float] = field(default_factory=dict)  # engine -> last keep-warm
+
+    @property
+    def id(self) -> str:
+        return self.settings.id
+
+    @property
+    def engines(self) -> list[str]:
+        """Home first, then secondaries in the order they were added."""
+        return ([self.home] if self.home else []) + [e for e in self.secondaries if e != self.home]
+
+
+@dataclass
+class RegistryLimits:
+    ttl_s: float = 600.0
+    retain_s: float = 3600.0
+    max_requests: int = 256
+    max_agents: int = 256
+    max_handoffs: int = 256
+    max_workflows: int = 10_000
+    view_ttl_s: float = 1.0
+
+
+class WorkflowRegistry:
+    def __init__(
+        self,
+        store: StateStore,
+        limits: RegistryLimits | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.limits = limits or RegistryLimits()
+        self.clock = clock
+        self._views: OrderedDict[str, WorkflowView] = OrderedDict()
+        self._listeners: list[Listener] = []
+        self.handoff_observer: Callable[[float], None] | None = None
+
+    def on_state_change(self, listener: Listener) -> None:
+        """Hear when a workflow ends or expires (keep-warm stops then)."""
+        self._listeners.append(listener)
+
+    def _notify(self, workflow_id: str, state: str) -> None:
+        for listener in self._listeners:
+            try:
+                listener(workflow_id, state)
+            except Exception:
+                log.exception("workflow state listener failed")
+
+    def _key_ttl(self, settings: WorkflowSettings) -> float:
+        return settings.ttl_s + self.limits.retain_s
+
+    # --- settings and views ---------------------------------------------------------------
+
+    def _effective_state(self, settings: WorkflowSettings, last_active_at: float) -> str:
+        if settings.state == ACTIVE and self.clock() - last_active_at > settings.ttl_s:
+            return EXPIRED
+        return settings.state
+
+    async def _load(self, workflow_id: str) -> WorkflowView | None:
+        doc = await get_json(self.store, _k("doc", workflow_id))
+        if doc is None:
+            self._views.pop(workflow_id, None)
+            return None
+        settings = WorkflowSettings.from_json(doc)
+        stats = await self.store.hgetall(_k("stats", workflow_id))
+        view = self._views.get(workflow_id) or WorkflowView(settings=settings)
+        view.settings = settings
+        view.home = await self.store.get(_k("home", workflow_id))
+        homes = await self.store.hgetall(_k("homes", workflow_id))
+        view.secondaries = sorted(homes, key=lambda e: float(homes[e]))
+        view.service_tokens = float(stats.get("service_tokens", 0.0))
+        view.last_active_at = float(stats.get("last_active_at", settings.created_at))
+        view.fetched_at = self.clock()
+        self._views[workflow_id] = view
+        self._views.move_to_end(workflow_id)
+        while len(self._views) > self.limits.max_workflows:
+            self._views.popitem(last=False)
+        return view
+
+    async def view(self, workflow_id: str, *, fresh: bool = False) -> WorkflowView | None:
+        view = self._views.get(workflow_id)
+        if view is None or fresh or self.clock() - view.fetched_at > self.limits.view_ttl_s:
+            return await self._load(workflow_id)
+        return view
+
+    def cached_view(self, workflow_id: str) -> WorkflowView | None:
+        """The local view without a store read (the synchronous routing path)."""
+        return self._views.get(workflow_id)
+
+    def active_views(self) -> list[WorkflowView]:
+        return [v for v in self._views.values() if v.settings.state == ACTIVE]
+
+    async def declare(self, body: dict[str, Any]) -> WorkflowSettings:
+        """POST /v1/workflows: 201 with the settings; 409 if the id is taken by an active one."""
+        workflow_id = body.get("id")
+        if workflow_id is None:
+            workflow_id = f"wf-{secrets.token_hex(8)}"
+        check_id(workflow_id, "'id'")
+        settings = self._settings_from_body(workflow_id, body)
+        existing = await self.view(workflow_id, fresh=True)
+        if existing is not None:
+            state = self._effective_state(existing.settings, existing.last_active_at)
+            if state == ACTIVE:
+                raise Conflict(f"workflow {workflow_id!r} exists and is active", param="id")
+            await self._purge(workflow_id)
+        await self._check_capacity()
+        await self._create(settings)
+        view = await self.view(workflow_id, fresh=True)
+        assert view is not None
+        for agent in settings.declared_agents:
+            await self._add_agent(view, agent["id"], agent.get("role"))
+        return settings
+
+    def _settings_from_body(self, workflow_id: str, body: dict[str, Any]) -> WorkflowSettings:
+        known = {
+            "id",
+            "agents",
+            "expected_fanout",
+            "context_ids",
+            "ttl_s",
+            "shared_prefix_layout",
+            "priority_scheduling",
+        }
+        unknown = sorted(set(body) - known)
+        if unknown:
+            raise BadRequest(
+                f"unknown field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        ttl = body.get("ttl_s", self.limits.ttl_s)
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= 7 * 86400:
+            raise BadRequest("'ttl_s' must be a number of seconds in (0, 604800]", param="ttl_s")
+        fanout = body.get("expected_fanout")
+        if fanout is not None and (
+            isinstance(fanout, bool) or not isinstance(fanout, int) or not 0 < fanout <= 10_000
+        ):
+            raise BadRequest(
+                "'expected_fanout' must be an integer from 1 to 10000", param="expected_fanout"
+            )
+        agents: list[dict[str, str]] = []
+        raw_agents = body.get("agents", [])
+        if not isinstance(raw_agents, list) or len(raw_agents) > self.limits.max_agents:
+            raise BadRequest(
+                f"'agents' must be a list of at most {self.limits.max_agents} objects",
+                param="agents",
+            )
+        for i, agent in enumerate(raw_agents):
+            if not isinstance(agent, dict) or set(agent) - {"id", "role"}:
+                raise BadRequest(
+                    f"agents[{i}] must be an object with 'id' and optional 'role'", param="agents"
+                )
+            entry = {"id": check_id(agent.get("id"), f"agents[{i}].id")}
+            if agent.get("role") is not None:
+                entry["role"] = check_id(agent["role"], f"agents[{i}].role")
+            agents.append(entry)
+        context_ids = body.get("context_ids", [])
+        if not isinstance(context_ids, list) or len(context_ids) > 64:
+            raise BadRequest(
+                "'context_ids' must be a list of at most 64 context ids", param="context_ids"
+            )
+        for i, cid in enumerate(context_ids):
+            check_id(cid, f"context_ids[{i}]")
+        flags: dict[str, bool] = {}
+        for name in ("shared_prefix_layout", "priority_scheduling"):
+            value = body.get(name, False)
+            if not isinstance(value, bool):
+                raise BadRequest(f"'{name}' must be true or false", param=name)
+            flags[name] = value
+        return WorkflowSettings(
+            id=workflow_id,
+            created_at=self.clock(),
+            ttl_s=float(ttl),
+            context_ids=list(dict.fromkeys(context_ids)),
+            declared_agents=agents,
+            expected_fanout=fanout,
+            declared=True,
+            shared_prefix_layout=flags["shared_prefix_layout"],
+            priority_scheduling=flags["priority_scheduling"],
+        )
+
+    async def _check_capacity(self) -> None:
+        limit = self.limits.max_workflows
+        if len(await self.store.scan("wf:doc:", limit=limit + 1)) >= limit:
+            raise TooManyRequests(
+                f"the router holds {limit} workflows (max_workflows); end some with "
+                "DELETE /v1/workflows/{id} or wait for idle ones to expire",
+                retry_after_s=5.0,
+            )
+
+    async def _create(self, settings: WorkflowSettings) -> bool:
+        created = await self.store.set_if_absent(
+            _k("doc", settings.id), dumps(settings.to_json()), ttl_s=self._key_ttl(settings)
+        )
+        if created:
+            await self.store.hset(
+                _k("stats", settings.id), {"last_active_at": repr(settings.created_at)}
+            )
+            await self.store.expire(_k("stats", settings.id), self._key_ttl(settings))
+        return created
+
+    async def ensure(self, workflow_id: str, *, ttl_s: float | None = None) -> WorkflowView:
+        """The workflow a request names, created on first sight; revived if it had expired."""
+        view = await self.view(workflow_id)
+        if view is None:
+            await self._check_capacity()
+            settings = WorkflowSettings(
+                id=workflow_id, created_at=self.clock(), ttl_s=ttl_s or self.limits.ttl_s
+            )
+            await self._create(settings)
+            view = await self.view(workflow_id, fresh=True)
+            assert view is not None
+        state = self._effective_state(view.settings, view.last_active_at)
+        if view.settings.state == ENDED or state == ENDED:
+            raise Conflict(
+                f"workflow {workflow_id!r} has ended (DELETE /v1/workflows); use a new workflow id",
+                param="workflow_id",
+            )
+        if view.settings.state == EXPIRED:  # a late request revives an expired workflow
+            view.settings.state = ACTIVE
+            await self.save(view.settings)
+        return view
+
+    async def save(self, settings: WorkflowSettings) -> None:
+        await set_json(
+            self.store,
+            _k("doc", settings.id),
+            settings.to_json(),
+            ttl_s=self._key_ttl(settings),
+        )
+
+    async def end(self, workflow_id: str) -> dict[str, Any]:
+        view = await self.view(workflow_id, fresh=True)
+        if view is None:
+            raise NotFound(f"no workflow {workflow_id!r}", code="workflow_not_found")
+        if view.settings.state != ENDED:
+            view.settings.state = ENDED
+            view.settings.ended_at = self.clock()
+            await self.save(view.settings)
+            self._notify(workflow_id, ENDED)
+        return {"id": workflow_id, "state": ENDED}
+
+    async def sweep(self) -> list[str]:
+        """Mark idle workflows expired (and tell listeners); returns the ids that expired."""
+        expired: list[str] = []
+        for workflow_id in [v.id for v in self.active_views()]:
+            view = await self.view(workflow_id, fresh=True)
+            if view is None:
+                self._notify(workflow_id, EXPIRED)
+                continue
+            if self._effective_state(view.settings, view.last_active_at) == EXPIRED:
+                view.settings.state = EXPIRED
+                await self.save(view.settings)
+                expired.append(workflow_id)
+                self._notify(workflow_id, EXPIRED)
+        return expired
+
+    async def _purge(self, workflow_id: str) -> None:
+        kinds = ("doc", "stats", "home", "homes", "engines", "agents", "req", "order", "last")
+        await self.store.delete(*(_k(kind, workflow_id) for kind in (*kinds, "handoffs")))
+        self._views.pop(workflow_id, None)
+
+    # --- home engines ---------------------------------------------------------------------
+
+    async def claim_home(self, view: WorkflowView, engine: str) -> str:
+        """Propose `engine` as the home; every replica reads back the same winner."""
+        key = _k("home", view.id)
+        ttl = self._key_ttl(view.settings)
+        if not await self.store.set_if_absent(key, engine, ttl_s=ttl):
+            winner = await self.store.get(key)
+            if winner is None:  # it expired in between: take it
+                await self.store.set(key, engine, ttl_s=ttl)
+                winner = engine
+            engine = winner
+        view.home = engine
+        return engine
+
+    async def replace_home(self, view: WorkflowView, old: str | None, engine: str) -> str:
+        """Move the home (the old one left the pool), unless another replica already did."""
+        key = _k("home", view.id)
+        ttl = self._key_ttl(view.settings)
+        if not await self.store.compare_and_set(key, old, engine, ttl_s=ttl):
+            engine = await self.store.get(key) or engine
+        view.home = engine
+        return engine
+
+    async def add_secondary(self, view: WorkflowView, engine: str) -> None:
+        if engine not in view.secondaries:
+            view.secondaries.append(engine)
+        await self.store.hset(_k("homes", view.id), {engine: repr(self.clock())})
+        await self.store.expire(_k("homes", view.id), self._key_ttl(view.settings))
+
+    # --- requests -------------------------------------------------------------------------
+
+    async def _add_agent(self, view: WorkflowView, agent: str, role: str | None) -> str:
+        if agent in view.agents:
+            return agent
+        key = _k("agents", view.id)
+        known = await self.store.hgetall(key)
+        if agent not in known:
+            if len(known) >= self.limits.max_agents:
+                agent = OTHER_AGENT
+            await self.store.hset(key, {agent: role or known.get(agent, "")})
+            await self.store.expire(key, self._key_ttl(view.settings))
+        elif role and not known[agent]:
+            await self.store.hset(key, {agent: role})
+        view.agents.add(agent)
+        return agent
+
+    async def start_request(
+        self,
+        view: WorkflowView,
+        *,
+        request_id: str,
+        agent_id: str | None,
+        agent_role: str | None,
+        stage: str | None,
+        parent_request_id: str | None,
+    ) -> RequestRecord:
+        now = self.clock()
+        wid = view.id
+        ttl = self._key_ttl(view.settings)
+        if agent_id is not None:
+            agent_id = await self._add_agent(view, agent_id, agent_role)
+        record = RequestRecord(
+            request_id=request_id,
+            agent_id=agent_id,
+            agent_role=agent_role,
+            stage=stage,
+            parent_request_id=parent_request_id,
+            started_at=now,
+        )
+        handoff = await self._handoff(wid, record)
+        if handoff is not None:
+            if self.handoff_observer is not None:
+                self.handoff_observer(handoff.latency_s)
+            await self.store.push_bounded(
+                _k("handoffs", wid), dumps(handoff.to_json()), self.limits.max_handoffs
+            )
+            await self.store.expire(_k("handoffs", wid), ttl)
+        await self.store.hset(_k("req", wid), {request_id: dumps(record.to_json())})
+        dropped = await self.store.push_bounded(
+            _k("order", wid), request_id, self.limits.max_requests
+        )
+        if dropped:
+            await self.store.hdel(_k("req", wid), *dropped)
+        stats_key = _k("stats", wid)
+        stats = {"last_active_at": repr(now)}
+        if await self.store.hget(stats_key, "first_started_at") is None:
+            stats["first_started_at"] = repr(now)
+        await self.store.hset(stats_key, stats)
+        view.last_active_at = now
+        for kind in ("req", "order", "stats"):
+            await self.store.expire(_k(kind, wid), ttl)
+        await self.store.expire(_k("doc", wid), ttl)
+        return record
+
+    async def _handoff(self, workflow_id: str, record: RequestRecord) -> Handoff | None:
+        """The hand-off into this request: from its parent, else the latest other agent's end."""
+        me = record.agent_id
+        if me is None:
+            return None
+        source: dict[str, Any] | None = None
+        if record.parent_request_id:
+            raw = await self.store.hget(_k("req", workflow_id), record.parent_request_id)
+            if raw is not None:
+                parent = json.loads(raw)
+                if parent.get("agent_id") != me and parent.get("ended_at") is not None:
+                    source = parent
+        else:
+            last = {
+                agent: json.loads(raw)
+                for agent, raw in (await self.store.hgetall(_k("last", workflow_id))).items()
+            }
+            mine = last.get(me, {}).get("ended_at") or 0.0
+            others = [v for a, v in last.items() if a != me and v["ended_at"] > mine]
+            if others:
+                source = max(others, key=lambda v: v["ended_at"])
+        if source is None:
+            return None
+        return Handoff(
+            from_agent=source.get("agent_id"),
+            to_agent=me,
+            from_request_id=source["request_id"],
+            to_request_id=record.request_id,
+            latency_s=round(max(0.0, record.started_at - source["ended_at"]), 6),
+        )
+
+    async def finish_request(
+        self,
+        workflow_id: str,
+        record: RequestRecord,
+        *,
+        engine: str,
+        status: str,
+        ttft_s: float | None,
+        duration_s: float,
+        prompt_tokens: int | None,
+        cached_tokens: int | None,
+        cross_agent_cached_tokens: int | None,
+        completion_tokens: int | None,
+    ) -> None:
+        now = self.clock()
+        wid = workflow_id
+        record.engine = engine
+        record.status = status
+        record.ended_at = now
+        started = now - duration_s
+        if ttft_s is not None and status == "ok":
+            record.ttft_s = round(ttft_s, 6)
+            record.first_token_at = started + ttft_s
+        record.prompt_tokens = prompt_tokens
+        record.cached_tokens = cached_tokens
+        record.cross_agent_cached_tokens = cross_agent_cached_tokens
+        if await self.store.hget(_k("req", wid), record.request_id) is not None:
+            await self.store.hset(_k("req", wid), {record.request_id: dumps(record.to_json())})
+        stats_key = _k("stats", wid)
+        increments = {
+            "requests": 1,
+            "prompt_tokens": prompt_tokens or 0,
+            "cached_tokens": cached_tokens or 0,
+            "cross_agent_cached_tokens": cross_agent_cached_tokens or 0,
+        }
+        agent = record.agent_id
+        for name, amount in increments.items():
+            await self.store.hincrby(stats_key, name, amount)
+            if agent is not None:
+                await self.store.hincrby(stats_key, f"{name}|{agent}", amount)
+        service = max(0, (prompt_tokens or 0) - (cached_tokens or 0)) + (completion_tokens or 0)
+        total_service = await self.store.hincrbyfloat(stats_key, "service_tokens", service)
+        stats = await self.store.hgetall(stats_key)
+        updates = {"last_active_at": repr(now), "last_ended_at": repr(now)}
+        if record.first_token_at is not None:
+            first = stats.get("first_token_at")
+            if first is None or float(first) > record.first_token_at:
+                updates["first_token_at"] = repr(record.first_token_at)
+        await self.store.hset(stats_key, updates)
+        await self.store.hincrby(_k("engines", wid), engine, 1)
+        if agent is not None and status == "ok":
+            await self.store.hset(
+                _k("last", wid),
+                {
+                    agent: dumps(
+                        {"request_id": record.request_id, "agent_id": agent, "ended_at": now}
+                    )
+                },
+            )
+        view = self._views.get(wid)
+        if view is not None:
+            view.service_tokens = total_service
+            view.last_active_at = now
+            ttl = self._key_ttl(view.settings)
+            for kind in ("engines", "last", "stats"):
+                await self.store.expire(_k(kind, wid), ttl)
+
+    # --- reading --------------------------------------------------------------------------
+
+    async def summaries(self) -> list[dict[str, Any]]:
+        result = []
+        for key in sorted(await self.store.scan("wf:doc:", limit=self.limits.max_workflows)):
+            workflow_id = key[len("wf:doc:") :]
+            summary = await self._summary(workflow_id)
+            if summary is not None:
+                result.append(summary)
+        result.sort(key=lambda s: s["created_at"])
+        return result
+
+    async def _summary(self, workflow_id: str) -> dict[str, Any] | None:
+        view = await self.view(workflow_id, fresh=True)
+        if view is None:
+            return None
+        stats = await self.store.hgetall(_k("stats", workflow_id))
+        agents = await self.store.hgetall(_k("agents", workflow_id))
+        return {
+            "id": workflow_id,
+            "state": self._effective_state(view.settings, view.last_active_at),
+            "created_at": view.settings.created_at,
+            "last_active_at": view.last_active_at,
+            "agents": len(agents),
+            "requests": int(stats.get("requests", 0)),
+            "home_engine": view.home,
+        }
+
+    async def describe(self, workflow_id: str) -> dict[str, Any]:
+        view = await self.view(workflow_id, fresh=True)
+        if view is None:
+            raise NotFound(f"no workflow {workflow_id!r}", code="workflow_not_found")
+        wid = workflow_id
+        s = view.settings
+        stats = await self.store.hgetall(_k("stats", wid))
+        agents = await self.store.hgetall(_k("agents", wid))
+        engines = await self.store.hgetall(_k("engines", wid))
+        order = await self.store.lrange(_k("order", wid))
+        raw_records = await self.store.hgetall(_k("req", wid))
+        requests = [json.loads(raw_records[r]) for r in order if r in raw_records]
+        handoffs = [json.loads(h) for h in await self.store.lrange(_k("handoffs", wid))]
+
+        def stat(name: str, agent: str | None = None) -> int:
+            return int(stats.get(name if agent is None else f"{name}|{agent}", 0))
+
+        totals: dict[str, Any] = {name: stat(name) for name in STAT_FIELDS}
+        totals["hit_rate"] = ratio(totals["cached_tokens"], totals["prompt_tokens"])
+        totals["cross_agent_hit_rate"] = ratio(
+            totals["cross_agent_cached_tokens"], totals["prompt_tokens"]
+        )
+        first_started = _float(stats.get("first_started_at"))
+        first_token = _float(stats.get("first_token_at"))
+        last_ended = _float(stats.get("last_ended_at"))
+        totals["workflow_ttft_s"] = (
+            round(first_token - first_started, 6) if first_started and first_token else None
+        )
+        totals["completion_time_s"] = (
+            round(last_ended - first_started, 6) if first_started and last_ended else None
+        )
+        agent_rows = [
+            {
+                "id": agent,
+                "role": role or None,
+                **{name: stat(name, agent) for name in STAT_FIELDS},
+            }
+            for agent, role in sorted(agents.items())
+        ]
+        return {
+            "id": wid,
+            "state": self._effective_state(s, view.last_active_at),
+            "created_at": s.created_at,
+            "last_active_at": view.last_active_at,
+            "ended_at": s.ended_at,
+            "ttl_s": s.ttl_s,
+            "home_engine": view.home,
+            "secondary_engines": [e for e in view.secondaries if e != view.home],
+            "engines": {name: int(count) for name, count in sorted(engines.items())},
+            "context_ids": list(s.context_ids),
+            "expected_fanout": s.expected_fanout,
+            "shared_prefix_layout": s.shared_prefix_layout,
+            "priority_scheduling": s.priority_scheduling,
+            "service_tokens": float(stats.get("service_tokens", 0.0)),
+            "agents": agent_rows,
+            "requests": requests,
+            "handoffs": handoffs,
+            "totals": totals,
+        }
+
+
+def _float(value: str | None) -> float | None:
+    return float(value) if value is not None else None

@@ -1,0 +1,312 @@
+"""Wiring workflows into a router: the registry, contexts, request hook, metrics, keep-warm.
+
+`WorkflowService.install(router)` builds the parts from the router's config, puts itself in
+`router.services["workflows"]` (where the `workflow` policy and the control API find it), adds
+its request hook and registers itself as a component (the expiry sweeper and keep-warm loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from hiveroute.kvindex.tokenizer import Tokenizer, load_tokenizer
+from hiveroute.routing.base import RequestOutcome, RoutingRequest
+from hiveroute.state.store import StateStore, open_state_store
+from hiveroute.workflows.accounting import CrossAgentAccountant
+from hiveroute.workflows.contexts import ContextRegistry
+from hiveroute.workflows.expansion import expand_contexts
+from hiveroute.workflows.keepwarm import KeepWarm
+from hiveroute.workflows.model import ENDED, RequestRecord
+from hiveroute.workflows.prefix_text import MIN_WARM_CHARS, common_prefix, leading_text
+from hiveroute.workflows.priorities import plas_priority
+from hiveroute.workflows.registry import RegistryLimits, WorkflowRegistry, WorkflowView
+
+if TYPE_CHECKING:
+    from hiveroute.gateway.router import Router
+
+log = logging.getLogger("hiveroute.workflows")
+
+SERVICE_KEY = "workflows"
+MAX_PENDING = 100_000
+SWEEP_EVERY_S = 1.0
+HANDOFF_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass
+class _Pending:
+    view: WorkflowView
+    record: RequestRecord
+    started_mono: float
+
+
+class WorkflowMetrics:
+    def __init__(self, registry: Any) -> None:
+        self.cross_agent = Counter(
+            "hiveroute_cross_agent_cached_tokens",
+            "Prompt tokens served from cache blocks another agent of the same workflow stored",
+            ["engine"],
+            registry=registry,
+        )
+        self.workflow_prompt_tokens = Counter(
+            "hiveroute_workflow_prompt_tokens",
+            "Prompt tokens of requests that belong to a workflow",
+            ["engine"],
+            registry=registry,
+        )
+        self.handoff = Histogram(
+            "hiveroute_workflow_handoff_seconds",
+            "From one agent's response end to the next agent's request in the same workflow",
+            buckets=HANDOFF_BUCKETS,
+            registry=registry,
+        )
+        self.active = Gauge(
+            "hiveroute_workflows_active",
+            "Active workflows this router replica knows",
+            registry=registry,
+        )
+        self.keep_warm = Counter(
+            "hiveroute_keep_warm_requests",
+            "Keep-warm and pre-warm requests, by engine, kind (touch, retain, prewarm) and result",
+            ["engine", "kind", "result"],
+            registry=registry,
+        )
+
+
+class WorkflowService:
+    def __init__(
+        self,
+        store: StateStore,
+        tokenizer: Tokenizer,
+        *,
+        config: Any,
+        metrics_registry: Any,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.tokenizer = tokenizer
+        self.registry = WorkflowRegistry(
+            store,
+            RegistryLimits(
+                ttl_s=config.workflow_ttl_s,
+                retain_s=config.workflow_retain_s,
+                max_requests=config.workflow_max_requests,
+                max_agents=config.workflow_max_agents,
+                max_workflows=config.max_workflows,
+            ),
+        )
+        self.contexts = ContextRegistry(
+            store,
+            lambda text: len(tokenizer.encode(text, add_special_tokens=False)),
+            max_bytes=config.context_max_bytes,
+            max_contexts=config.context_max_count,
+        )
+        self.accountant = CrossAgentAccountant(tokenizer, max_workflows=config.max_workflows)
+        self.metrics = WorkflowMetrics(metrics_registry)
+        self.keep_warm = KeepWarm(self)
+        self.router: Router | None = None
+        self._pending: OrderedDict[str, _Pending] = OrderedDict()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self.registry.on_state_change(self._on_state_change)
+        self.registry.handoff_observer = self.metrics.handoff.observe
+
+    @classmethod
+    def install(cls, router: Router) -> WorkflowService:
+        services = router.services
+        if "tokenizer" not in services:
+            services["tokenizer"] = load_tokenizer(getattr(router.config, "tokenizer", None))
+        if "state_store" not in services:
+            services["state_store"] = open_state_store(router.config.state)
+        service = cls(
+            services["state_store"],
+            services["tokenizer"],
+            config=router.config,
+            metrics_registry=router.metrics.registry,
+        )
+        services[SERVICE_KEY] = service
+        router.request_hooks.append(service)
+        router.components.append(service)
+        return service
+
+    # --- component ------------------------------------------------------------------------
+
+    async def start(self, router: Router) -> None:
+        self.router = router
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name="workflow-sweeper")
+        await self.keep_warm.start(router)
+
+    async def stop(self) -> None:
+        await self.keep_warm.stop()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
+        await self.flush()
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_EVERY_S)
+            try:
+                await self.registry.sweep()
+                self.metrics.active.set(len(self.registry.active_views()))
+            except Exception:
+                log.exception("workflow sweep failed")
+
+    def _on_state_change(self, workflow_id: str, state: str) -> None:
+        self.accountant.forget(workflow_id)
+        self.keep_warm.forget(workflow_id)
+        self.spawn(self.contexts.delete_workflow(workflow_id))
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("workflow bookkeeping failed", exc_info=task.exception())
+
+    async def flush(self) -> None:
+        """Wait for bookkeeping of finished requests (the API reads after it)."""
+        for _ in range(10):
+            if not self._tasks:
+                return
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # --- request hook ---------------------------------------------------------------------
+
+    def scheduling_on(self, view: WorkflowView) -> bool:
+        return bool(view.settings.priority_scheduling or self.config.workflow_priorities)
+
+    def layout_on(self, view: WorkflowView | None) -> bool:
+        if view is None:
+            return False
+        return bool(view.settings.shared_prefix_layout or self.config.shared_prefix_layout)
+
+    async def before_route(self, request: RoutingRequest) -> None:
+        meta = request.metadata
+        view = await self.registry.ensure(meta.workflow_id) if meta.workflow_id else None
+        if meta.workflow_id and view is not None and view.settings.state == ENDED:
+            return
+        assert self.router is not None
+        expansion = await expand_contexts(
+            request.body,
+            chat=request.is_chat,
+            refs=meta.context_refs,
+            workflow_id=meta.workflow_id,
+            workflow_context_ids=view.settings.context_ids if view else [],
+            layout=self.layout_on(view),
+            contexts=self.contexts,
+            max_bytes=self.router.config.max_body_bytes,
+        )
+        if expansion is not None:
+            request.body = expansion.body
+        if meta.priority is not None and "priority" not in request.body:
+            request.body = {**request.body, "priority": meta.priority}
+        if view is None:
+            return
+        if self.scheduling_on(view) and "priority" not in request.body:
+            level = plas_priority(
+                view.service_tokens, quantum_tokens=self.config.priority_quantum_tokens
+            )
+            request.body = {**request.body, "priority": level}
+        self._learn_prefix(view, request, expansion.shared_prefix if expansion else None)
+        record = await self.registry.start_request(
+            view,
+            request_id=request.request_id,
+            agent_id=meta.agent_id,
+            agent_role=meta.agent_role,
+            stage=meta.stage,
+            parent_request_id=meta.parent_request_id,
+        )
+        self._pending[request.request_id] = _Pending(view, record, time.monotonic())
+        view.active_requests += 1
+        while len(self._pending) > MAX_PENDING:  # requests refused before routing never finish
+            _, dropped = self._pending.popitem(last=False)
+            dropped.view.active_requests = max(0, dropped.view.active_requests - 1)
+
+    def _learn_prefix(
+        self, view: WorkflowView, request: RoutingRequest, shared_prefix: str | None
+    ) -> None:
+        view.path = request.path
+        view.model = request.model or view.model
+        if shared_prefix is not None:
+            view.shared_prefix = shared_prefix
+            view.warm_text = shared_prefix
+            return
+        if view.shared_prefix is not None:
+            return
+        text = leading_text(request.path, request.body)
+        if text is None:
+            return
+        view.warm_text = text if view.warm_text is None else common_prefix(view.warm_text, text)
+
+    def after_complete(self, request: RoutingRequest, outcome: RequestOutcome) -> None:
+        pending = self._pending.pop(request.request_id, None)
+        if pending is None:
+            return
+        view = pending.view
+        view.active_requests = max(0, view.active_requests - 1)
+        engine = outcome.engine.name
+        view.last_used[engine] = time.monotonic()
+        if outcome.prompt_tokens is not None and outcome.cached_tokens is not None and outcome.ok:
+            old = view.cached_estimate.get(engine)
+            new = float(outcome.cached_tokens)
+            view.cached_estimate[engine] = new if old is None else 0.5 * old + 0.5 * new
+        self.spawn(self._finish(request, outcome, pending))
+
+    async def _finish(
+        self, request: RoutingRequest, outcome: RequestOutcome, pending: _Pending
+    ) -> None:
+        view, record = pending.view, pending.record
+        engine = outcome.engine.name
+        cross: int | None = None
+        if outcome.ok and outcome.prompt_tokens is not None:
+            tokens = self.accountant.token_ids(request.path, request.body)
+            if tokens is not None:
+                cross = self.accountant.account(
+                    view.id,
+                    record.agent_id,
+                    engine,
+                    tokens,
+                    outcome.cached_tokens,
+                    record.started_at,
+                )
+                if cross:
+                    self.metrics.cross_agent.labels(engine).inc(cross)
+            self.metrics.workflow_prompt_tokens.labels(engine).inc(outcome.prompt_tokens)
+        if outcome.ok:
+            status = "ok"
+        elif outcome.status == 499:
+            status = "cancelled"
+        else:
+            status = f"error_{outcome.status}"
+        await self.registry.finish_request(
+            view.id,
+            record,
+            engine=engine,
+            status=status,
+            ttft_s=outcome.ttft_s,
+            duration_s=outcome.duration_s,
+            prompt_tokens=outcome.prompt_tokens,
+            cached_tokens=outcome.cached_tokens,
+            cross_agent_cached_tokens=cross,
+            completion_tokens=outcome.completion_tokens,
+        )
+
+
+def warm_worthy(text: str | None) -> bool:
+    return text is not None and len(text) >= MIN_WARM_CHARS
+
+
+def get_workflow_service(services: dict[str, Any]) -> WorkflowService | None:
+    service = services.get(SERVICE_KEY)
+    return service if isinstance(service, WorkflowService) else None

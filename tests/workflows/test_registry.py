@@ -1,0 +1,166 @@
+import pytest
+
+from hiveroute.errors import BadRequest, Conflict, NotFound
+from hiveroute.state import MemoryStateStore
+from hiveroute.workflows.registry import RegistryLimits, WorkflowRegistry
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(**limits: object) -> tuple[WorkflowRegistry, Clock]:
+    clock = Clock()
+    return WorkflowRegistry(MemoryStateStore(), RegistryLimits(**limits), clock=clock), clock  # type: ignore[arg-type]
+
+
+async def run_request(
+    reg: WorkflowRegistry,
+    clock: Clock,
+    wid: str,
+    rid: str,
+    agent: str,
+    *,
+    ttft: float,
+    duration: float,
+    parent: str | None = None,
+    prompt: int = 100,
+    cached: int = 0,
+    cross: int = 0,
+) -> None:
+    view = await reg.ensure(wid)
+    record = await reg.start_request(
+        view,
+        request_id=rid,
+        agent_id=agent,
+        agent_role=agent.split("-")[0],
+        stage="s1",
+        parent_request_id=parent,
+    )
+    clock.now += duration
+    await reg.finish_request(
+        wid,
+        record,
+        engine="e1",
+        status="ok",
+        ttft_s=ttft,
+        duration_s=duration,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        cross_agent_cached_tokens=cross,
+        completion_tokens=5,
+    )
+
+
+async def test_lifecycle_created_on_first_request_expires_revives_ends() -> None:
+    reg, clock = make(ttl_s=10.0)
+    await run_request(reg, clock, "w", "r1", "planner", ttft=0.5, duration=1.0)
+    assert (await reg.describe("w"))["state"] == "active"
+    clock.now += 11
+    assert await reg.sweep() == ["w"]
+    assert (await reg.describe("w"))["state"] == "expired"
+    await run_request(reg, clock, "w", "r2", "planner", ttft=0.5, duration=1.0)  # revives
+    assert (await reg.describe("w"))["state"] == "active"
+    assert await reg.end("w") == {"id": "w", "state": "ended"}
+    with pytest.raises(Conflict):
+        await reg.ensure("w")
+    with pytest.raises(NotFound):
+        await reg.end("nope")
+
+
+async def test_declare_validates_and_conflicts() -> None:
+    reg, _ = make()
+    settings = await reg.declare({"id": "w", "agents": [{"id": "a", "role": "planner"}]})
+    assert settings.declared
+    with pytest.raises(Conflict):
+        await reg.declare({"id": "w"})
+    for bad in (
+        {"ttl_s": -1},
+        {"ttl_s": "x"},
+        {"agents": [{"name": "x"}]},
+        {"expected_fanout": 0},
+        {"shared_prefix_layout": "yes"},
+        {"bogus": 1},
+        {"id": "has space"},
+        {"context_ids": "c1"},
+    ):
+        with pytest.raises(BadRequest):
+            await reg.declare(bad)
+    generated = await reg.declare({})
+    assert generated.id.startswith("wf-")
+    described = await reg.describe("w")
+    assert described["agents"][0]["id"] == "a" and described["agents"][0]["role"] == "planner"
+
+
+async def test_handoffs_ttft_and_completion_time() -> None:
+    reg, clock = make()
+    t0 = clock.now
+    await run_request(reg, clock, "w", "p1", "planner", ttft=0.25, duration=1.0, prompt=100)
+    clock.now += 0.5  # hand-off gap
+    await run_request(
+        reg,
+        clock,
+        "w",
+        "x1",
+        "executor-0",
+        ttft=0.1,
+        duration=2.0,
+        parent="p1",
+        prompt=120,
+        cached=100,
+        cross=96,
+    )
+    clock.now += 0.25
+    # no parent: the latest finished request of another agent (x1) is the source
+    await run_request(reg, clock, "w", "v1", "validator", ttft=0.1, duration=1.0, prompt=50)
+    # the executor again after a tool call, parent = its own request: not a hand-off
+    await run_request(
+        reg, clock, "w", "x2", "executor-0", ttft=0.1, duration=1.0, parent="x1", prompt=10
+    )
+    d = await reg.describe("w")
+    assert [(h["from_agent"], h["to_agent"]) for h in d["handoffs"]] == [
+        ("planner", "executor-0"),
+        ("executor-0", "validator"),
+    ]
+    assert d["handoffs"][0]["latency_s"] == pytest.approx(0.5)
+    assert d["handoffs"][1]["latency_s"] == pytest.approx(0.25)
+    totals = d["totals"]
+    assert totals["requests"] == 4
+    assert totals["prompt_tokens"] == 280 and totals["cached_tokens"] == 100
+    assert totals["cross_agent_cached_tokens"] == 96
+    assert totals["cross_agent_hit_rate"] == pytest.approx(96 / 280, abs=1e-6)
+    assert totals["workflow_ttft_s"] == pytest.approx(0.25)
+    assert totals["completion_time_s"] == pytest.approx(clock.now - t0)
+    assert [r["request_id"] for r in d["requests"]] == ["p1", "x1", "v1", "x2"]
+    first = d["requests"][0]
+    assert first["first_token_at"] == pytest.approx(t0 + 0.25)
+    assert first["status"] == "ok" and first["engine"] == "e1"
+    agents = {a["id"]: a for a in d["agents"]}
+    assert agents["executor-0"]["requests"] == 2
+    assert agents["executor-0"]["cross_agent_cached_tokens"] == 96
+    assert d["engines"] == {"e1": 4}
+
+
+async def test_requests_and_agents_are_bounded() -> None:
+    reg, clock = make(max_requests=3, max_agents=2)
+    for i in range(5):
+        await run_request(reg, clock, "w", f"r{i}", f"agent-{i}", ttft=0.1, duration=0.1)
+    d = await reg.describe("w")
+    assert [r["request_id"] for r in d["requests"]] == ["r2", "r3", "r4"]
+    assert d["totals"]["requests"] == 5
+    assert {a["id"] for a in d["agents"]} == {"agent-0", "agent-1", "(other)"}
+
+
+async def test_home_is_agreed_once() -> None:
+    store = MemoryStateStore()
+    a = WorkflowRegistry(store)
+    b = WorkflowRegistry(store)  # a second replica
+    va, vb = await a.ensure("w"), await b.ensure("w")
+    assert await a.claim_home(va, "e1") == "e1"
+    assert await b.claim_home(vb, "e2") == "e1"
+    assert await b.replace_home(vb, "e1", "e3") == "e3"
+    assert await a.replace_home(va, "e1", "e4") == "e3"  # lost the race: reads the winner
