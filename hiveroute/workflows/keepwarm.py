@@ -97,6 +97,13 @@ class KeepWarm:
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
 
+    async def drain(self) -> None:
+        """Wait for the warm requests already launched (tests, shutdown of one workflow)."""
+        for _ in range(10):
+            if not self._inflight:
+                return
+            await asyncio.gather(*list(self._inflight), return_exceptions=True)
+
     def forget(self, workflow_id: str) -> None:
         """The workflow ended or expired: release its retention pins, warm it no more."""
         hints = self.retained.pop(workflow_id, {})

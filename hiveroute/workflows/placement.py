@@ -230,9 +230,11 @@ class WorkflowPlacementScorer(Scorer):
                 chosen, reason = home, "workflow_home"
             elif best_home is not None and (
                 predicted[best_home] <= best_any * (1.0 + self.home_margin) + 1e-9
-                or len(homes) >= self.max_homes
             ):
                 chosen, reason = best_home, "workflow_spill"
+            elif len(homes) >= self.max_homes:  # no more homes: the least bad one of them
+                chosen = min(homes, key=lambda h: (predicted[h], h))
+                reason = "workflow_home" if chosen == home else "workflow_spill"
             else:
                 others = [e for e in candidates if e.name not in homes and fits(e.name)]
                 pool = others or candidates

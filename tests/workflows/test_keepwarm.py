@@ -1,0 +1,174 @@
+"""Keep-warm: re-touch idle prefixes on home engines, within a budget, until the workflow ends."""
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from hiveroute.workflows.service import WorkflowService
+from tests.conftest import RouterFactory
+from tests.support.fake_engine import FakeEngine
+
+SHARED = "The shared task and knowledge base. " * 20
+
+
+class RetainingEngine(FakeEngine):
+    """A fake engine that also takes the simulator's retention hint."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.retains: list[dict[str, Any]] = []
+
+    async def start(self, port: int = 0) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completion)
+        app.router.add_post("/v1/chat/completions", self._completion)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/sim/retain", self._retain)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.port = self._runner.addresses[0][1]
+
+    async def _retain(self, request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        self.retains.append(body)
+        pinned = 128 if body["seconds"] > 0 else 0
+        return web.json_response({"pinned_tokens": pinned, "pinned_blocks": pinned // 16})
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[FakeEngine]:
+    e = FakeEngine("e")
+    await e.start()
+    yield e
+    await e.stop()
+
+
+def body(workflow: str, agent: str) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "max_tokens": 2,
+        "messages": [
+            {"role": "system", "content": SHARED + "You are " + agent},
+            {"role": "user", "content": "go"},
+        ],
+        "hiveroute": {"workflow_id": workflow, "agent_id": agent},
+    }
+
+
+def warm_requests(engine: FakeEngine) -> list[dict[str, Any]]:
+    return [b for b in engine.received if b.get("max_tokens") == 1]
+
+
+async def test_idle_prefix_is_touched_within_budget_and_stops_when_ended(
+    engine: FakeEngine, router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    r = await router_factory(
+        [engine.url],
+        policy="workflow",
+        keep_warm_interval_s=3600,  # the loop never fires by itself: rounds are driven below
+        keep_warm_idle_s=0,
+        keep_warm_max_rps=0.001,  # a bucket of one request
+    )
+    service: WorkflowService = r.router.services["workflows"]
+    for wf in ("w1", "w2"):
+        for agent in ("planner", "executor"):
+            async with http.post(f"{r.url}/v1/chat/completions", json=body(wf, agent)) as resp:
+                assert resp.status == 200
+    keep = service.keep_warm
+    assert keep.round() == 1  # two idle workflows, a budget of one
+    assert keep.round() == 0  # the bucket is empty
+    await keep.drain()
+    warm = warm_requests(engine)
+    assert len(warm) == 1
+    # the touch carries the text every agent's prompt starts with, and nothing else
+    assert warm[0]["messages"] == [{"role": "system", "content": SHARED + "You are "}]
+    assert warm[0]["model"] == "m" and warm[0]["stream"] is False
+
+    keep.bucket.rate, keep.bucket.tokens = 1000.0, 10.0
+    async with http.delete(f"{r.url}/v1/workflows/w1") as resp:
+        assert resp.status == 200
+    async with http.delete(f"{r.url}/v1/workflows/w2") as resp:
+        assert resp.status == 200
+    assert keep.round() == 0  # ended workflows are not kept warm
+
+
+async def test_busy_or_recent_workflows_are_not_touched(
+    engine: FakeEngine, router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    r = await router_factory(
+        [engine.url], policy="workflow", keep_warm_interval_s=3600, keep_warm_idle_s=3600
+    )
+    service: WorkflowService = r.router.services["workflows"]
+    async with http.post(f"{r.url}/v1/chat/completions", json=body("w", "a")) as resp:
+        assert resp.status == 200
+    assert service.keep_warm.round() == 0  # used just now
+    view = service.registry.cached_view("w")
+    assert view is not None
+    service.keep_warm.idle_s = 0
+    view.active_requests = 1  # an agent is mid-request: nothing to do
+    assert service.keep_warm.round() == 0
+    view.active_requests = 0
+    assert service.keep_warm.round() == 1
+
+
+async def test_other_policies_never_trigger_keep_warm(
+    engine: FakeEngine, router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    r = await router_factory(
+        [engine.url], policy="round_robin", keep_warm_interval_s=3600, keep_warm_idle_s=0
+    )
+    async with http.post(f"{r.url}/v1/chat/completions", json=body("w", "a")) as resp:
+        assert resp.status == 200
+    assert r.router.services["workflows"].keep_warm.round() == 0
+
+
+async def test_retention_hint_when_the_engine_takes_one_and_release_at_end(
+    router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    engine = RetainingEngine("sim")
+    await engine.start()
+    try:
+        r = await router_factory(
+            [engine.url], policy="workflow", keep_warm_interval_s=3600, keep_warm_idle_s=0
+        )
+        service: WorkflowService = r.router.services["workflows"]
+        keep = service.keep_warm
+        async with http.post(f"{r.url}/v1/chat/completions", json=body("w", "a")) as resp:
+            assert resp.status == 200
+        assert keep.round() == 1
+        await keep.drain()
+        assert engine.retains and engine.retains[0]["seconds"] == keep.retention_s
+        assert keep.retain_supported == {r.router.pool.engines[0].name: True}
+        # one agent so far: its whole system prompt is the prefix to keep
+        assert engine.retains[0]["messages"] == [
+            {"role": "system", "content": SHARED + "You are a"}
+        ]
+        assert not warm_requests(engine)  # a hint, not a one-token request
+        async with http.delete(f"{r.url}/v1/workflows/w") as resp:
+            assert resp.status == 200
+        await keep.drain()
+        assert engine.retains[-1]["seconds"] == 0  # pins released when the workflow ends
+    finally:
+        await engine.stop()
+
+
+async def test_engine_without_hint_gets_a_one_token_request(
+    engine: FakeEngine, router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    r = await router_factory(
+        [engine.url], policy="workflow", keep_warm_interval_s=3600, keep_warm_idle_s=0
+    )
+    keep = r.router.services["workflows"].keep_warm
+    async with http.post(f"{r.url}/v1/chat/completions", json=body("w", "a")) as resp:
+        assert resp.status == 200
+    assert keep.round() == 1
+    await keep.drain()
+    assert keep.retain_supported == {r.router.pool.engines[0].name: False}
+    assert len(warm_requests(engine)) == 1

@@ -1,0 +1,98 @@
+"""The `workflow` policy: a home per workflow, siblings follow it, spill once to a secondary."""
+
+from typing import Any
+
+from hiveroute.config import RouterConfig
+from hiveroute.gateway.router import Router
+from hiveroute.metadata import RequestMetadata
+from hiveroute.routing.base import CycleState, RoutingRequest
+from hiveroute.workflows.service import WorkflowService
+
+SHARED = "shared context words. " * 400
+
+
+def make_router(n: int = 4, **params: Any) -> tuple[Router, WorkflowService]:
+    spec = {"scorers": [{"name": "workflow_placement", **params}], "picker": "max_score"}
+    config = RouterConfig(
+        engine=[f"http://10.0.0.{i}:8000" for i in range(n)],
+        policy="workflow",
+        policies={"workflow": spec},
+    ).validate()
+    router = Router(config)
+    service: WorkflowService = router.services["workflows"]
+    service.router = router
+    return router, service
+
+
+def request(workflow: str | None, agent: str, rid: str) -> RoutingRequest:
+    return RoutingRequest(
+        request_id=rid,
+        path="/v1/chat/completions",
+        body={"model": "m", "messages": [{"role": "system", "content": SHARED + agent}]},
+        metadata=RequestMetadata(workflow_id=workflow, agent_id=agent),
+    )
+
+
+async def route(router: Router, req: RoutingRequest) -> tuple[str, str]:
+    for hook in router.request_hooks:
+        await hook.before_route(req)
+    state = CycleState()
+    await router.policy.prepare(req, state)
+    decision = router.policy.choose(req, router.pool.candidates(None), state)
+    router.policy.on_routed(req, decision.engine, state)
+    decision.engine.load.in_flight += 1
+    return decision.engine.name, decision.reason
+
+
+async def test_new_home_prefers_free_kv_and_low_load() -> None:
+    router, _ = make_router()
+    e0, e1, e2, e3 = router.pool.engines
+    e0.load.kv_usage, e1.load.kv_usage, e2.load.kv_usage, e3.load.kv_usage = 0.9, 0.2, 0.1, 0.1
+    e2.load.in_flight = 3
+    engine, reason = await route(router, request("w", "planner", "r1"))
+    assert (engine, reason) == (e3.name, "workflow_new_home")
+
+
+async def test_siblings_follow_home_then_spill_to_one_secondary() -> None:
+    router, service = make_router(load_factor=1.0, slack=1, max_homes=2)
+    home, reason = await route(router, request("w", "planner", "r0"))
+    assert reason == "workflow_new_home"
+    picks = [await route(router, request("w", f"executor-{i}", f"x{i}")) for i in range(8)]
+    reasons = [r for _, r in picks]
+    assert reasons[0] == "workflow_home"
+    assert "workflow_new_spill" in reasons
+    assert reasons.count("workflow_new_spill") == 1  # the context is replicated once
+    engines = {e for e, _ in picks}
+    assert len(engines) == 2 and home in engines  # siblings never scatter past the two homes
+    view = service.registry.cached_view("w")
+    assert view is not None and view.home == home and len(view.engines) == 2
+    await service.flush()
+    described = await service.registry.describe("w")
+    assert described["home_engine"] == home
+    assert described["secondary_engines"] == [e for e in engines if e != home]
+
+
+async def test_home_wins_while_its_predicted_ttft_does() -> None:
+    router, service = make_router(n=2)
+    home, _ = await route(router, request("w", "planner", "r0"))
+    other = next(e for e in router.pool.engines if e.name != home)
+    home_engine = router.pool.get(home)
+    assert home_engine is not None
+    home_engine.load.in_flight = 3  # busier, but holds the prefix: still the better TTFT
+    assert await route(router, request("w", "executor", "r1")) == (home, "workflow_home")
+    assert other.name != home
+
+
+async def test_requests_without_workflow_go_where_ttft_is_least() -> None:
+    router, _ = make_router(n=3)
+    a, b, c = router.pool.engines
+    a.load.in_flight, b.load.in_flight, c.load.in_flight = 4, 1, 2
+    assert await route(router, request(None, "x", "r")) == (b.name, "workflow_none")
+
+
+async def test_home_moves_when_its_engine_leaves() -> None:
+    router, service = make_router(n=3)
+    home, _ = await route(router, request("w", "planner", "r0"))
+    router.pool.remove(home)
+    engine, reason = await route(router, request("w", "executor", "r1"))
+    assert engine != home and reason == "workflow_home_moved"
