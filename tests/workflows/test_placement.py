@@ -73,7 +73,7 @@ async def test_siblings_follow_home_then_spill_to_one_secondary() -> None:
 
 
 async def test_home_wins_while_its_predicted_ttft_does() -> None:
-    router, service = make_router(n=2)
+    router, _ = make_router(n=2)
     home, _ = await route(router, request("w", "planner", "r0"))
     other = next(e for e in router.pool.engines if e.name != home)
     home_engine = router.pool.get(home)
@@ -91,7 +91,7 @@ async def test_requests_without_workflow_go_where_ttft_is_least() -> None:
 
 
 async def test_home_moves_when_its_engine_leaves() -> None:
-    router, service = make_router(n=3)
+    router, _ = make_router(n=3)
     home, _ = await route(router, request("w", "planner", "r0"))
     router.pool.remove(home)
     engine, reason = await route(router, request("w", "executor", "r1"))
