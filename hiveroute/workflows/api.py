@@ -7,17 +7,31 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from hiveroute.errors import BadRequest, Forbidden, NotFound
+from hiveroute.gateway.auth import principal_of
 from hiveroute.gateway.body import parse_json_object, read_body
 from hiveroute.gateway.completions import ROUTER_KEY
 from hiveroute.workflows.expansion import SEPARATOR, canonical_order
 from hiveroute.workflows.placement import home_fitness
 from hiveroute.workflows.registry import WorkflowView, check_id
+from hiveroute.workflows.scope import scoped
 from hiveroute.workflows.service import WorkflowService, get_workflow_service
 
 if TYPE_CHECKING:
     from hiveroute.gateway.router import Router
 
 API_BODY_LIMIT = 64 * 1024
+
+
+def _tenant(request: web.Request) -> str | None:
+    """The caller's tenant; the admin (or anyone on an open router) may name one: ?tenant=."""
+    principal = principal_of(request)
+    if principal.tenant is not None:
+        return principal.tenant
+    return request.query.get("tenant") or None
+
+
+def _workflow_key(request: web.Request) -> str:
+    return scoped(_tenant(request), request.match_info["workflow_id"])
 
 
 def _service(request: web.Request) -> WorkflowService:
@@ -36,14 +50,15 @@ async def _json_body(request: web.Request, limit: int) -> dict[str, Any]:
 
 async def create_workflow(request: web.Request) -> web.Response:
     service = _service(request)
+    tenant = _tenant(request)
     body = await _json_body(request, API_BODY_LIMIT)
     context_ids = body.get("context_ids")
-    workflow_id = body.get("id")
+    workflow_id = scoped(tenant, body["id"]) if isinstance(body.get("id"), str) else None
     if isinstance(context_ids, list):
         for cid in context_ids:
             if not isinstance(cid, str):
                 continue
-            context = await service.contexts.get(cid, required=False)
+            context = await service.contexts.get(scoped(tenant, cid), required=False)
             if context is None:
                 raise BadRequest(
                     f"unknown context {cid!r} in 'context_ids'; register it first",
@@ -51,7 +66,7 @@ async def create_workflow(request: web.Request) -> web.Response:
                 )
             if context.workflow_id is not None and context.workflow_id != workflow_id:
                 raise Forbidden(f"context {cid!r} belongs to another workflow", param="context_ids")
-    settings = await service.registry.declare(body)
+    settings = await service.registry.declare(body, tenant)
     view = await service.registry.view(settings.id, fresh=True)
     if view is not None and settings.context_ids:
         await _prewarm(service, view)
@@ -61,19 +76,20 @@ async def create_workflow(request: web.Request) -> web.Response:
 async def list_workflows(request: web.Request) -> web.Response:
     service = _service(request)
     await service.flush()
-    return web.json_response({"object": "list", "data": await service.registry.summaries()})
+    summaries = await service.registry.summaries(_tenant(request))
+    return web.json_response({"object": "list", "data": summaries})
 
 
 async def get_workflow(request: web.Request) -> web.Response:
     service = _service(request)
     await service.flush()
-    return web.json_response(await service.registry.describe(request.match_info["workflow_id"]))
+    return web.json_response(await service.registry.describe(_workflow_key(request)))
 
 
 async def delete_workflow(request: web.Request) -> web.Response:
     service = _service(request)
     await service.flush()
-    return web.json_response(await service.registry.end(request.match_info["workflow_id"]))
+    return web.json_response(await service.registry.end(_workflow_key(request)))
 
 
 # --- contexts -----------------------------------------------------------------------------
@@ -81,13 +97,14 @@ async def delete_workflow(request: web.Request) -> web.Response:
 
 async def create_context(request: web.Request) -> web.Response:
     service = _service(request)
+    tenant = _tenant(request)
     body = await _json_body(request, service.contexts.max_bytes * 2 + API_BODY_LIMIT)
     workflow_id = body.get("workflow_id")
     view: WorkflowView | None = None
     if workflow_id is not None:
         check_id(workflow_id, "'workflow_id'")
-        view = await service.registry.ensure(workflow_id)
-    context, _ = await service.contexts.register(body)
+        view = await service.registry.ensure(scoped(tenant, workflow_id))
+    context, _ = await service.contexts.register(body, tenant)
     if view is not None and context.id not in view.settings.context_ids:
         view.settings.context_ids.append(context.id)
         await service.registry.save(view.settings)
@@ -97,14 +114,16 @@ async def create_context(request: web.Request) -> web.Response:
 
 async def list_contexts(request: web.Request) -> web.Response:
     service = _service(request)
+    tenant = _tenant(request)
     workflow_id = request.query.get("workflow_id")
-    contexts = await service.contexts.list(workflow_id)
+    scope = scoped(tenant, workflow_id) if workflow_id else None
+    contexts = await service.contexts.list(scope, tenant=tenant)
     return web.json_response({"object": "list", "data": [c.to_json() for c in contexts]})
 
 
 async def get_context(request: web.Request) -> web.Response:
     service = _service(request)
-    context = await service.contexts.get(request.match_info["context_id"])
+    context = await service.contexts.get(scoped(_tenant(request), request.match_info["context_id"]))
     assert context is not None
     return web.json_response(context.to_json(with_text=True))
 
@@ -112,7 +131,7 @@ async def get_context(request: web.Request) -> web.Response:
 async def delete_context(request: web.Request) -> web.Response:
     service = _service(request)
     context_id = request.match_info["context_id"]
-    if not await service.contexts.delete(context_id):
+    if not await service.contexts.delete(scoped(_tenant(request), context_id)):
         raise NotFound(f"no context {context_id!r}", code="context_not_found")
     return web.json_response({"id": context_id, "deleted": True})
 

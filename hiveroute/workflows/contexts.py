@@ -16,6 +16,7 @@ from typing import Any
 
 from hiveroute.errors import BadRequest, Conflict, NotFound, PayloadTooLarge, TooManyRequests
 from hiveroute.state.store import StateStore, get_json, set_json
+from hiveroute.workflows.scope import scoped, unscoped, visible
 
 PREFIX = "ctx:doc:"
 CACHE_ENTRIES = 1024
@@ -32,7 +33,10 @@ class SharedContext:
     created_at: float
 
     def to_json(self, *, with_text: bool = False) -> dict[str, Any]:
+        """The API view: ids without their tenant scope."""
         data = asdict(self)
+        data["id"] = unscoped(self.id)
+        data["workflow_id"] = unscoped(self.workflow_id) if self.workflow_id else None
         if not with_text:
             data.pop("text")
         return data
@@ -57,8 +61,10 @@ class ContextRegistry:
         self.clock = clock
         self._cache: OrderedDict[str, tuple[float, SharedContext]] = OrderedDict()
 
-    async def register(self, body: dict[str, Any]) -> tuple[SharedContext, bool]:
-        """POST /v1/contexts: the context and whether it is new (201) or the same again."""
+    async def register(
+        self, body: dict[str, Any], tenant: str | None = None
+    ) -> tuple[SharedContext, bool]:
+        """POST /v1/contexts: the context and whether it is new or the same again."""
         from hiveroute.workflows.registry import check_id
 
         unknown = sorted(set(body) - {"id", "text", "workflow_id", "name"})
@@ -75,11 +81,12 @@ class ContextRegistry:
                 f"context is {size} bytes; the limit is {self.max_bytes} (context_max_bytes)",
                 param="text",
             )
-        context_id = body.get("id") or f"ctx-{secrets.token_hex(8)}"
-        check_id(context_id, "'id'")
+        name = body.get("id") or f"ctx-{secrets.token_hex(8)}"
+        check_id(name, "'id'")
+        context_id = scoped(tenant, name)
         workflow_id = body.get("workflow_id")
         if workflow_id is not None:
-            check_id(workflow_id, "'workflow_id'")
+            workflow_id = scoped(tenant, check_id(workflow_id, "'workflow_id'"))
         name = body.get("name")
         if name is not None and (not isinstance(name, str) or len(name) > 256):
             raise BadRequest("'name' must be a string of at most 256 characters", param="name")
@@ -87,7 +94,7 @@ class ContextRegistry:
         if existing is not None:
             if existing.text != text or existing.workflow_id != workflow_id:
                 raise Conflict(
-                    f"context {context_id!r} exists with different text or scope; "
+                    f"context {name!r} exists with different text or scope; "
                     "contexts are immutable: register a new id",
                     param="id",
                 )
@@ -125,16 +132,22 @@ class ContextRegistry:
         if doc is None:
             self._cache.pop(context_id, None)
             if required:
-                raise NotFound(f"no context {context_id!r}", code="context_not_found")
+                raise NotFound(f"no context {unscoped(context_id)!r}", code="context_not_found")
             return None
         context = SharedContext(**doc)
         self._remember(context)
         return context
 
-    async def list(self, workflow_id: str | None = None) -> list[SharedContext]:
+    async def list(
+        self, workflow_id: str | None = None, *, tenant: str | None = None
+    ) -> list[SharedContext]:
+        """Contexts `tenant` may see (None: all), of one workflow (scoped id) if given."""
         found = []
         for key in await self.store.scan(PREFIX, limit=self.max_contexts):
-            context = await self.get(key[len(PREFIX) :], required=False)
+            context_id = key[len(PREFIX) :]
+            if not visible(context_id, tenant):
+                continue
+            context = await self.get(context_id, required=False)
             if context is not None and (workflow_id is None or context.workflow_id == workflow_id):
                 found.append(context)
         found.sort(key=lambda c: (c.created_at, c.id))

@@ -20,6 +20,7 @@ from typing import Any
 
 from hiveroute.errors import BadRequest, Forbidden, PayloadTooLarge
 from hiveroute.workflows.contexts import ContextRegistry, SharedContext
+from hiveroute.workflows.scope import scoped, unscoped
 
 SEPARATOR = "\n\n"
 
@@ -55,9 +56,11 @@ def _inline_refs(body: dict[str, Any]) -> list[str]:
 async def _resolve(
     ids: list[str], contexts: ContextRegistry, workflow_id: str | None
 ) -> dict[str, SharedContext]:
+    """Scoped context keys -> contexts; 400 for unknown ids, 403 for another workflow's."""
     resolved: dict[str, SharedContext] = {}
-    for ref in dict.fromkeys(ids):
-        context = await contexts.get(ref, required=False)
+    for key in dict.fromkeys(ids):
+        ref = unscoped(key)
+        context = await contexts.get(key, required=False)
         if context is None:
             raise BadRequest(
                 f"unknown context {ref!r}; register it with POST /v1/contexts first",
@@ -71,7 +74,7 @@ async def _resolve(
                 param="context_refs",
                 code="context_forbidden",
             )
-        resolved[ref] = context
+        resolved[key] = context
     return resolved
 
 
@@ -101,7 +104,7 @@ def _with_prefix_message(messages: list[Any], prefix: str) -> list[Any]:
 
 
 def _replace_parts(
-    messages: list[Any], resolved: dict[str, SharedContext], *, inline: bool
+    messages: list[Any], resolved: dict[str, SharedContext], tenant: str | None, *, inline: bool
 ) -> list[Any]:
     """Inline refs replaced by their text (inline=True) or removed (moved to the prefix)."""
     result: list[Any] = []
@@ -116,7 +119,9 @@ def _replace_parts(
         for part in content:
             if isinstance(part, dict) and part.get("type") == "context_ref":
                 if inline:
-                    parts.append({"type": "text", "text": resolved[part["id"]].text})
+                    parts.append(
+                        {"type": "text", "text": resolved[scoped(tenant, part["id"])].text}
+                    )
             else:
                 parts.append(part)
         if not parts:
@@ -153,14 +158,20 @@ async def expand_contexts(
     *,
     chat: bool,
     refs: tuple[str, ...],
+    tenant: str | None,
     workflow_id: str | None,
     workflow_context_ids: list[str],
     layout: bool,
     contexts: ContextRegistry,
     max_bytes: int,
 ) -> Expansion | None:
-    """The body with references expanded, or None when there is nothing to do."""
-    inline = _inline_refs(body) if chat else []
+    """The body with references expanded, or None when there is nothing to do.
+
+    `refs` and inline ids are as the client wrote them; `workflow_id` and
+    `workflow_context_ids` are scoped keys (see scope.py).
+    """
+    inline = [scoped(tenant, r) for r in _inline_refs(body)] if chat else []
+    refs = tuple(scoped(tenant, r) for r in refs)
     auto = workflow_context_ids if layout else []
     wanted = [*auto, *refs, *inline]
     if not wanted:
@@ -179,7 +190,7 @@ async def expand_contexts(
     if chat:
         messages = body.get("messages")
         assert isinstance(messages, list)
-        messages = _replace_parts(messages, resolved, inline=not layout)
+        messages = _replace_parts(messages, resolved, tenant, inline=not layout)
         if prefix is not None:
             messages = _with_prefix_message(messages, prefix)
         new_body = {**body, "messages": messages}

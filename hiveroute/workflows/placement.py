@@ -29,6 +29,7 @@ from hiveroute.routing.base import (
 )
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.workflows.registry import WorkflowView
+from hiveroute.workflows.scope import scoped
 
 VIEW_KEY = "workflow_view"
 ROUTED_KEY = "workflow_routed"  # (queue depth, estimated uncached tokens) at routing
@@ -145,11 +146,11 @@ class WorkflowPlacementScorer(Scorer):
     # --- before the decision: agree on the home --------------------------------------------
 
     async def prepare(self, request: RoutingRequest, state: CycleState) -> None:
-        wid = request.metadata.workflow_id
+        name = request.metadata.workflow_id
         service = self.service
-        if wid is None or service is None:
+        if name is None or service is None:
             return
-        view = await service.registry.view(wid)
+        view = await service.registry.view(scoped(request.tenant, name))
         if view is None:
             return
         state[VIEW_KEY] = view

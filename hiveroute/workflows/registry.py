@@ -32,6 +32,7 @@ from hiveroute.workflows.model import (
     WorkflowSettings,
     ratio,
 )
+from hiveroute.workflows.scope import scoped, tenant_of, unscoped, visible
 
 log = logging.getLogger("hiveroute.workflows")
 
@@ -166,18 +167,19 @@ class WorkflowRegistry:
     def active_views(self) -> list[WorkflowView]:
         return [v for v in self._views.values() if v.settings.state == ACTIVE]
 
-    async def declare(self, body: dict[str, Any]) -> WorkflowSettings:
+    async def declare(self, body: dict[str, Any], tenant: str | None = None) -> WorkflowSettings:
         """POST /v1/workflows: 201 with the settings; 409 if the id is taken by an active one."""
-        workflow_id = body.get("id")
-        if workflow_id is None:
-            workflow_id = f"wf-{secrets.token_hex(8)}"
-        check_id(workflow_id, "'id'")
-        settings = self._settings_from_body(workflow_id, body)
+        name = body.get("id")
+        if name is None:
+            name = f"wf-{secrets.token_hex(8)}"
+        check_id(name, "'id'")
+        workflow_id = scoped(tenant, name)
+        settings = self._settings_from_body(workflow_id, body, tenant)
         existing = await self.view(workflow_id, fresh=True)
         if existing is not None:
             state = self._effective_state(existing.settings, existing.last_active_at)
             if state == ACTIVE:
-                raise Conflict(f"workflow {workflow_id!r} exists and is active", param="id")
+                raise Conflict(f"workflow {name!r} exists and is active", param="id")
             await self._purge(workflow_id)
         await self._check_capacity()
         await self._create(settings)
@@ -187,7 +189,9 @@ class WorkflowRegistry:
             await self._add_agent(view, agent["id"], agent.get("role"))
         return settings
 
-    def _settings_from_body(self, workflow_id: str, body: dict[str, Any]) -> WorkflowSettings:
+    def _settings_from_body(
+        self, workflow_id: str, body: dict[str, Any], tenant: str | None
+    ) -> WorkflowSettings:
         known = {
             "id",
             "agents",
@@ -245,7 +249,7 @@ class WorkflowRegistry:
             id=workflow_id,
             created_at=self.clock(),
             ttl_s=float(ttl),
-            context_ids=list(dict.fromkeys(context_ids)),
+            context_ids=[scoped(tenant, c) for c in dict.fromkeys(context_ids)],
             declared_agents=agents,
             expected_fanout=fanout,
             declared=True,
@@ -287,7 +291,7 @@ class WorkflowRegistry:
         state = self._effective_state(view.settings, view.last_active_at)
         if view.settings.state == ENDED or state == ENDED:
             raise Conflict(
-                f"workflow {workflow_id!r} has ended (DELETE /v1/workflows); use a new workflow id",
+                f"workflow {unscoped(workflow_id)!r} has ended (DELETE /v1/workflows); use a new workflow id",
                 param="workflow_id",
             )
         if view.settings.state == EXPIRED:  # a late request revives an expired workflow
@@ -306,18 +310,22 @@ class WorkflowRegistry:
     async def end(self, workflow_id: str) -> dict[str, Any]:
         view = await self.view(workflow_id, fresh=True)
         if view is None:
-            raise NotFound(f"no workflow {workflow_id!r}", code="workflow_not_found")
+            raise NotFound(f"no workflow {unscoped(workflow_id)!r}", code="workflow_not_found")
         if view.settings.state != ENDED:
             view.settings.state = ENDED
             view.settings.ended_at = self.clock()
             await self.save(view.settings)
             self._notify(workflow_id, ENDED)
-        return {"id": workflow_id, "state": ENDED}
+        return {"id": unscoped(workflow_id), "state": ENDED}
 
     async def sweep(self) -> list[str]:
         """Mark idle workflows expired (and tell listeners); returns the ids that expired."""
         expired: list[str] = []
-        for workflow_id in [v.id for v in self.active_views()]:
+        now = self.clock()
+        for local in self.active_views():
+            if now - local.last_active_at <= local.settings.ttl_s:
+                continue  # active here; only idle ones are checked against the store
+            workflow_id = local.id
             view = await self.view(workflow_id, fresh=True)
             if view is None:
                 self._notify(workflow_id, EXPIRED)
@@ -529,10 +537,13 @@ class WorkflowRegistry:
 
     # --- reading --------------------------------------------------------------------------
 
-    async def summaries(self) -> list[dict[str, Any]]:
+    async def summaries(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """Every workflow `tenant` may see (None: all of them)."""
         result = []
         for key in sorted(await self.store.scan("wf:doc:", limit=self.limits.max_workflows)):
             workflow_id = key[len("wf:doc:") :]
+            if not visible(workflow_id, tenant):
+                continue
             summary = await self._summary(workflow_id)
             if summary is not None:
                 result.append(summary)
@@ -546,7 +557,8 @@ class WorkflowRegistry:
         stats = await self.store.hgetall(_k("stats", workflow_id))
         agents = await self.store.hgetall(_k("agents", workflow_id))
         return {
-            "id": workflow_id,
+            "id": unscoped(workflow_id),
+            "tenant": tenant_of(workflow_id),
             "state": self._effective_state(view.settings, view.last_active_at),
             "created_at": view.settings.created_at,
             "last_active_at": view.last_active_at,
@@ -558,7 +570,7 @@ class WorkflowRegistry:
     async def describe(self, workflow_id: str) -> dict[str, Any]:
         view = await self.view(workflow_id, fresh=True)
         if view is None:
-            raise NotFound(f"no workflow {workflow_id!r}", code="workflow_not_found")
+            raise NotFound(f"no workflow {unscoped(workflow_id)!r}", code="workflow_not_found")
         wid = workflow_id
         s = view.settings
         stats = await self.store.hgetall(_k("stats", wid))
@@ -595,7 +607,8 @@ class WorkflowRegistry:
             for agent, role in sorted(agents.items())
         ]
         return {
-            "id": wid,
+            "id": unscoped(wid),
+            "tenant": tenant_of(wid),
             "state": self._effective_state(s, view.last_active_at),
             "created_at": s.created_at,
             "last_active_at": view.last_active_at,
@@ -604,7 +617,7 @@ class WorkflowRegistry:
             "home_engine": view.home,
             "secondary_engines": [e for e in view.secondaries if e != view.home],
             "engines": {name: int(count) for name, count in sorted(engines.items())},
-            "context_ids": list(s.context_ids),
+            "context_ids": [unscoped(c) for c in s.context_ids],
             "expected_fanout": s.expected_fanout,
             "shared_prefix_layout": s.shared_prefix_layout,
             "priority_scheduling": s.priority_scheduling,

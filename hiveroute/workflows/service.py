@@ -23,10 +23,11 @@ from hiveroute.workflows.accounting import CrossAgentAccountant
 from hiveroute.workflows.contexts import ContextRegistry
 from hiveroute.workflows.expansion import expand_contexts
 from hiveroute.workflows.keepwarm import KeepWarm
-from hiveroute.workflows.model import ENDED, RequestRecord
+from hiveroute.workflows.model import RequestRecord
 from hiveroute.workflows.prefix_text import MIN_WARM_CHARS, common_prefix, leading_text
 from hiveroute.workflows.priorities import plas_priority
 from hiveroute.workflows.registry import RegistryLimits, WorkflowRegistry, WorkflowView
+from hiveroute.workflows.scope import scoped
 
 if TYPE_CHECKING:
     from hiveroute.gateway.router import Router
@@ -193,15 +194,15 @@ class WorkflowService:
 
     async def before_route(self, request: RoutingRequest) -> None:
         meta = request.metadata
-        view = await self.registry.ensure(meta.workflow_id) if meta.workflow_id else None
-        if meta.workflow_id and view is not None and view.settings.state == ENDED:
-            return
+        workflow_key = scoped(request.tenant, meta.workflow_id) if meta.workflow_id else None
+        view = await self.registry.ensure(workflow_key) if workflow_key else None
         assert self.router is not None
         expansion = await expand_contexts(
             request.body,
             chat=request.is_chat,
             refs=meta.context_refs,
-            workflow_id=meta.workflow_id,
+            tenant=request.tenant,
+            workflow_id=workflow_key,
             workflow_context_ids=view.settings.context_ids if view else [],
             layout=self.layout_on(view),
             contexts=self.contexts,
