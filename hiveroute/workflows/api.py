@@ -11,7 +11,7 @@ from hiveroute.gateway.auth import principal_of
 from hiveroute.gateway.body import parse_json_object, read_body
 from hiveroute.gateway.completions import ROUTER_KEY
 from hiveroute.workflows.expansion import SEPARATOR, canonical_order
-from hiveroute.workflows.placement import home_fitness
+from hiveroute.workflows.placement import best_home
 from hiveroute.workflows.registry import WorkflowView, check_id
 from hiveroute.workflows.scope import scoped
 from hiveroute.workflows.service import WorkflowService, get_workflow_service
@@ -165,7 +165,7 @@ async def _prewarm(service: WorkflowService, view: WorkflowView) -> None:
     if not candidates:
         return
     if view.home is None:
-        best = max(candidates, key=lambda e: (home_fitness(e), e.name))
+        best = best_home(candidates, service.registry.active_views())
         await service.registry.claim_home(view, best.name)
     engine = router.pool.get(view.home) if view.home else None
     if engine is not None and engine.healthy:

@@ -102,10 +102,27 @@ def prompt_chars(request: RoutingRequest) -> int:
     return 0
 
 
-def home_fitness(engine: Engine) -> float:
-    """How good a new home `engine` is: free KV capacity over load."""
+def home_fitness(engine: Engine, homed: float = 0.0) -> float:
+    """How good a new home `engine` is: free KV capacity over load.
+
+    `homed` counts the active workflows already living there (secondaries half): their agents
+    will come back, so an engine idle this instant but home to many workflows is not free.
+    """
     free = max(0.0, 1.0 - engine.load.kv_usage)
-    return (0.1 + free) / (1.0 + engine.load.queue_depth)
+    return (0.1 + free) / (1.0 + engine.load.queue_depth + homed)
+
+
+def homed_counts(views: list[WorkflowView]) -> dict[str, float]:
+    counts: dict[str, float] = {}
+    for view in views:
+        for i, name in enumerate(view.engines):
+            counts[name] = counts.get(name, 0.0) + (1.0 if i == 0 else 0.5)
+    return counts
+
+
+def best_home(candidates: list[Engine], views: list[WorkflowView]) -> Engine:
+    counts = homed_counts(views)
+    return max(candidates, key=lambda e: (home_fitness(e, counts.get(e.name, 0.0)), e.name))
 
 
 class WorkflowPlacementScorer(Scorer):
@@ -162,12 +179,12 @@ class WorkflowPlacementScorer(Scorer):
             return
         names = {e.name for e in candidates}
         if view.home is None:
-            best = max(candidates, key=lambda e: (home_fitness(e), e.name))
+            best = best_home(candidates, service.registry.active_views())
             await service.registry.claim_home(view, best.name)
             if view.home == best.name:
                 state[REASON_KEY] = "workflow_new_home"
         elif pool.get(view.home) is None:  # the home left the pool: move it
-            best = max(candidates, key=lambda e: (home_fitness(e), e.name))
+            best = best_home(candidates, service.registry.active_views())
             await service.registry.replace_home(view, view.home, best.name)
             state[REASON_KEY] = "workflow_home_moved"
         elif view.home not in names and view.secondaries:

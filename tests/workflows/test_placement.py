@@ -96,3 +96,13 @@ async def test_home_moves_when_its_engine_leaves() -> None:
     router.pool.remove(home)
     engine, reason = await route(router, request("w", "executor", "r1"))
     assert engine != home and reason == "workflow_home_moved"
+
+
+async def test_new_homes_spread_over_idle_engines() -> None:
+    router, _ = make_router(n=4)
+    homes = []
+    for i in range(8):
+        homes.append((await route(router, request(f"w{i}", "planner", f"r{i}")))[0])
+        for engine in router.pool.engines:
+            engine.load.in_flight = 0  # every request done: only the homes already given count
+    assert sorted(homes.count(e.name) for e in router.pool.engines) == [2, 2, 2, 2]
