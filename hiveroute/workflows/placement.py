@@ -203,12 +203,11 @@ class WorkflowPlacementScorer(Scorer):
         return math.ceil(self.load_factor * total / len(candidates)) + self.slack
 
     def _cached(self, view: WorkflowView | None, engine: Engine, n_tokens: int) -> int:
+        """Tokens of this prompt the engine is expected to hold: the workflow's shared prefix
+        on its homes (put there by its earlier requests, a pre-warm, or a sibling in flight)."""
         if view is None or engine.name not in view.engines:
             return 0
-        estimate = view.cached_estimate.get(engine.name)
-        if estimate is None:  # nothing observed yet: assume its shared prefix is there
-            estimate = len(view.warm_text or "") / self.chars_per_token
-        return int(min(n_tokens, estimate))
+        return int(min(n_tokens, len(view.warm_text or "") / self.chars_per_token))
 
     def score(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState

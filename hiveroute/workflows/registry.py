@@ -73,7 +73,6 @@ class WorkflowView:
     shared_prefix: str | None = None  # the canonical shared-context prefix (layout)
     active_requests: int = 0  # requests of this workflow in flight through this replica
     last_used: dict[str, float] = field(default_factory=dict)  # engine -> monotonic seconds
-    cached_estimate: dict[str, float] = field(default_factory=dict)  # engine -> tokens (EWMA)
     warmed_at: dict[str, float] = field(default_factory=dict)  # engine -> last keep-warm
 
     @property

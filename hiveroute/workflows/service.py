@@ -258,10 +258,6 @@ class WorkflowService:
         view.active_requests = max(0, view.active_requests - 1)
         engine = outcome.engine.name
         view.last_used[engine] = time.monotonic()
-        if outcome.prompt_tokens is not None and outcome.cached_tokens is not None and outcome.ok:
-            old = view.cached_estimate.get(engine)
-            new = float(outcome.cached_tokens)
-            view.cached_estimate[engine] = new if old is None else 0.5 * old + 0.5 * new
         self.spawn(self._finish(request, outcome, pending))
 
     async def _finish(
