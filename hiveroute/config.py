@@ -133,7 +133,13 @@ class RouterConfig:
     )
     keep_warm_max_rps: float = _opt("most keep-warm requests per second, all engines together", 4.0)
     keep_warm_retention_s: float = _opt(
-        "seconds a retention hint asks an engine to keep a prefix (engines that support it)", 30.0
+        "seconds a retention hint asks an engine to keep a prefix (engines that support it)", 10.0
+    )
+    keep_warm_max_idle_s: float = _opt(
+        "a workflow idle longer than this is no longer kept warm (it is probably done)", 30.0
+    )
+    keep_warm_max_kv_usage: float = _opt(
+        "engines whose KV cache is fuller than this (0..1) get no keep-warm", 0.9
     )
 
     def client_api_keys(self) -> dict[str, str]:
@@ -207,7 +213,12 @@ class RouterConfig:
             raise ConfigError(
                 f"tokenizer: no tokenizer.json in {self.tokenizer!r}; give the model's directory"
             )
-        for name in ("workflow_ttl_s", "workflow_retain_s", "keep_warm_retention_s"):
+        for name in (
+            "workflow_ttl_s",
+            "workflow_retain_s",
+            "keep_warm_retention_s",
+            "keep_warm_max_idle_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
         for name in (
@@ -223,6 +234,8 @@ class RouterConfig:
         for name in ("keep_warm_interval_s", "keep_warm_idle_s", "keep_warm_max_rps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be 0 or more")
+        if not 0 < self.keep_warm_max_kv_usage <= 1:
+            raise ConfigError("keep_warm_max_kv_usage must be in (0, 1]")
         self.engine_specs  # noqa: B018 - parses each spec, raising ConfigError on a bad one
         return self
 

@@ -89,7 +89,10 @@ async def get_workflow(request: web.Request) -> web.Response:
 async def delete_workflow(request: web.Request) -> web.Response:
     service = _service(request)
     await service.flush()
-    return web.json_response(await service.registry.end(_workflow_key(request)))
+    key = _workflow_key(request)
+    ended = await service.registry.end(key)
+    await service.contexts.delete_workflow(key)  # an ended workflow's contexts serve no one
+    return web.json_response(ended)
 
 
 # --- contexts -----------------------------------------------------------------------------

@@ -8,6 +8,10 @@ else with a one-token request (max_tokens=1) that refreshes the blocks' recency.
 within a budget of `keep_warm_max_rps` requests per second (a token bucket). A workflow stops
 being kept warm when it ends or expires; its retention pins are released then.
 
+Keep-warm never competes with real work: an engine with requests waiting or a cache fuller than
+`keep_warm_max_kv_usage` is skipped (pins there lapse by themselves), and a workflow idle for
+more than `keep_warm_max_idle_s` (far longer than a tool call: probably done) is released.
+
 Only workflows placed by the `workflow` policy have home engines, so other policies never
 trigger keep-warm. Pre-warm: a registered context is prefilled on the home engine before the
 first agent asks (`prewarm`).
@@ -70,6 +74,8 @@ class KeepWarm:
         self.interval_s: float = config.keep_warm_interval_s
         self.idle_s: float = config.keep_warm_idle_s
         self.retention_s: float = config.keep_warm_retention_s
+        self.max_idle_s: float = config.keep_warm_max_idle_s
+        self.max_kv_usage: float = config.keep_warm_max_kv_usage
         self.bucket = TokenBucket(config.keep_warm_max_rps)
         self.router: Router | None = None
         self.retain_supported: dict[str, bool] = {}  # engine -> does it take /sim/retain
@@ -77,6 +83,11 @@ class KeepWarm:
         self.sent = 0
         self._task: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
+
+    def under_pressure(self, engine: Engine) -> bool:
+        """An engine with requests waiting or a nearly full cache needs its memory for them:
+        no pin is renewed and no prefix re-touched there (pins lapse on their own)."""
+        return engine.load.waiting > 0 or engine.load.kv_usage >= self.max_kv_usage
 
     @property
     def enabled(self) -> bool:
@@ -129,9 +140,15 @@ class KeepWarm:
             text = view.warm_text
             if text is None or len(text) < 256:
                 continue
+            last_active = max(view.last_used.values(), default=0.0)
+            if last_active and now - last_active > self.max_idle_s:
+                # idle far longer than a tool call: likely done; let the engines have the memory
+                if view.id in self.retained:
+                    self.forget(view.id)
+                continue
             for name in view.engines:
                 engine = self.router.pool.get(name)
-                if engine is None or not engine.healthy:
+                if engine is None or not engine.healthy or self.under_pressure(engine):
                     continue
                 last = max(view.last_used.get(name, 0.0), view.warmed_at.get(name, 0.0))
                 retaining = self.retain_supported.get(name) and name in self.retained.get(

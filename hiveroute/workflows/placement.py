@@ -16,6 +16,7 @@ workflow id: least predicted TTFT), workflow_home_moved (the home left the pool)
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Any, Protocol
 
@@ -75,10 +76,15 @@ class SimpleTtftPredictor:
 
 
 def predictor_from(services: dict[str, Any]) -> TtftModel:
-    """The router's shared TTFT predictor (the `kv` policy's when present)."""
+    """The router's one TTFT predictor, shared with the `kv` policy: its learned per-engine
+    model (hiveroute.routing.ttft) when this build has it, else the simple one above."""
     found = services.get("ttft_predictor")
     if found is None:
-        found = services["ttft_predictor"] = SimpleTtftPredictor()
+        try:
+            found = importlib.import_module("hiveroute.routing.ttft").TtftPredictor()
+        except (ImportError, AttributeError):
+            found = SimpleTtftPredictor()
+        services["ttft_predictor"] = found
     predictor: TtftModel = found
     return predictor
 

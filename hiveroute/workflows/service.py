@@ -163,7 +163,6 @@ class WorkflowService:
     def _on_state_change(self, workflow_id: str, state: str) -> None:
         self.accountant.forget(workflow_id)
         self.keep_warm.forget(workflow_id)
-        self.spawn(self.contexts.delete_workflow(workflow_id))
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

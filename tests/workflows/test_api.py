@@ -127,6 +127,8 @@ async def test_context_api_and_errors(
     assert full["text"] == "knowledge base"
     _, wf = await call(http, "GET", f"{base}/v1/workflows/w1")
     assert wf["context_ids"] == [scoped["id"]]
+    assert (await call(http, "DELETE", f"{base}/v1/workflows/w1"))[0] == 200
+    assert (await call(http, "GET", f"{base}/v1/contexts/{scoped['id']}"))[0] == 404
     assert (await call(http, "DELETE", f"{base}/v1/contexts/kb"))[0] == 200
     assert (await call(http, "GET", f"{base}/v1/contexts/kb"))[0] == 404
     assert (await call(http, "DELETE", f"{base}/v1/contexts/kb"))[0] == 404

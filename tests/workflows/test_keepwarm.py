@@ -172,3 +172,25 @@ async def test_engine_without_hint_gets_a_one_token_request(
     await keep.drain()
     assert keep.retain_supported == {r.router.pool.engines[0].name: False}
     assert len(warm_requests(engine)) == 1
+
+
+async def test_no_keep_warm_under_pressure_or_after_long_idleness(
+    engine: FakeEngine, router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    r = await router_factory(
+        [engine.url], policy="workflow", keep_warm_interval_s=3600, keep_warm_idle_s=0
+    )
+    keep = r.router.services["workflows"].keep_warm
+    async with http.post(f"{r.url}/v1/chat/completions", json=body("w", "a")) as resp:
+        assert resp.status == 200
+    load = r.router.pool.engines[0].load
+    load.waiting = 2  # requests queue on the engine: they need the memory
+    assert keep.round() == 0
+    load.waiting, load.kv_usage = 0, 0.95
+    assert keep.round() == 0
+    load.kv_usage = 0.3
+    view = r.router.services["workflows"].registry.cached_view("w")
+    assert view is not None
+    last = max(view.last_used.values())
+    assert keep.round(now=last + keep.max_idle_s + 1) == 0  # idle for too long: let go
+    assert keep.round(now=last + 1) == 1

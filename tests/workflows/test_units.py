@@ -36,3 +36,21 @@ def test_cross_agent_accounting_counts_only_other_agents_earlier_blocks() -> Non
     assert acc.account("w", "validator", "e1", executor, 8, started_at=6.0) == 8
     acc.forget("w")
     assert acc.account("w", "validator", "e1", executor, 32, started_at=7.0) == 0
+
+
+def test_config_rejects_bad_workflow_settings() -> None:
+    import pytest
+
+    from hiveroute.config import RouterConfig
+    from hiveroute.errors import ConfigError
+
+    for bad in (
+        {"workflow_ttl_s": 0},
+        {"max_workflows": 0},
+        {"context_max_bytes": -1},
+        {"keep_warm_max_rps": -1},
+        {"state": "mysql://db"},
+    ):
+        with pytest.raises(ConfigError):
+            RouterConfig(**bad).validate()  # type: ignore[arg-type]
+    assert RouterConfig(state="redis://127.0.0.1:6379/0").validate().state.startswith("redis")
