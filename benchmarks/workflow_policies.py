@@ -25,7 +25,12 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-DEFAULT_TARGETS = ["hiveroute:round_robin", "hiveroute:session", "hiveroute:kv", "hiveroute:workflow"]
+DEFAULT_TARGETS = [
+    "hiveroute:round_robin",
+    "hiveroute:session",
+    "hiveroute:kv",
+    "hiveroute:workflow",
+]
 # Many concurrent workflows, fan-out 6, a 16k-token shared context, tool gaps of seconds, and
 # engines whose KV cache holds only a few workflows' contexts at once (so placement matters).
 DEFAULT_WORKLOAD = [
@@ -102,11 +107,7 @@ def analyse(run_dir: Path) -> dict[str, Any]:
         result[target] = {
             "requests": len(records),
             "errors": len(records) - len(ok),
-            "roles": {
-                role: {"n": len(v), "mean_ms": _ms(_mean(v)), "p50_ms": _ms(_pct(v, 0.5)),
-                       "p99_ms": _ms(_pct(v, 0.99))}
-                for role, v in sorted(roles.items())
-            },  # fmt: skip
+            "roles": {role: _role_stats(v) for role, v in sorted(roles.items())},
             "downstream_ttft_mean_ms": _ms(_mean(downstream)),
             "workflow_s_mean": cell.get("unit_s_mean"),
             "workflow_s_p50": cell.get("unit_s_p50"),
@@ -119,6 +120,15 @@ def analyse(run_dir: Path) -> dict[str, Any]:
         mine = row["downstream_ttft_mean_ms"]
         row["downstream_speedup_vs_round_robin"] = (base / mine) if base and mine else None
     return result
+
+
+def _role_stats(values: list[float]) -> dict[str, Any]:
+    return {
+        "n": len(values),
+        "mean_ms": _ms(_mean(values)),
+        "p50_ms": _ms(_pct(values, 0.5)),
+        "p99_ms": _ms(_pct(values, 0.99)),
+    }
 
 
 def _ms(value: float | None) -> float | None:
@@ -170,6 +180,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="a small run (about a minute)")
     ours, rest = parser.parse_known_args(argv)
     from hiveroute.bench.command import execute, options_from_args
+
     from hiveroute.cli import build_parser
 
     extra = list(QUICK_WORKLOAD if ours.quick else DEFAULT_WORKLOAD)
