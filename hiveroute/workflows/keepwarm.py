@@ -8,9 +8,10 @@ else with a one-token request (max_tokens=1) that refreshes the blocks' recency.
 within a budget of `keep_warm_max_rps` requests per second (a token bucket). A workflow stops
 being kept warm when it ends or expires; its retention pins are released then.
 
-Keep-warm never competes with real work: an engine with requests waiting or a cache fuller than
-`keep_warm_max_kv_usage` is skipped (pins there lapse by themselves), and a workflow idle for
-more than `keep_warm_max_idle_s` (far longer than a tool call: probably done) is released.
+Pins never hold memory back from real work: on an engine with requests waiting or a cache fuller
+than `keep_warm_max_kv_usage` no pin is placed or renewed (they lapse by themselves) and the
+prefix is touched instead, which only refreshes its recency. A workflow idle for more than
+`keep_warm_max_idle_s` (far longer than a tool call: probably done) is let go, its pins released.
 
 Only workflows placed by the `workflow` policy have home engines, so other policies never
 trigger keep-warm. Pre-warm: a registered context is prefilled on the home engine before the
@@ -86,7 +87,8 @@ class KeepWarm:
 
     def under_pressure(self, engine: Engine) -> bool:
         """An engine with requests waiting or a nearly full cache needs its memory for them:
-        no pin is renewed and no prefix re-touched there (pins lapse on their own)."""
+        no blocks are pinned there (pins lapse on their own); a touch only refreshes recency,
+        which never holds memory back from a request."""
         return engine.load.waiting > 0 or engine.load.kv_usage >= self.max_kv_usage
 
     @property
@@ -148,11 +150,13 @@ class KeepWarm:
                 continue
             for name in view.engines:
                 engine = self.router.pool.get(name)
-                if engine is None or not engine.healthy or self.under_pressure(engine):
+                if engine is None or not engine.healthy:
                     continue
                 last = max(view.last_used.get(name, 0.0), view.warmed_at.get(name, 0.0))
-                retaining = self.retain_supported.get(name) and name in self.retained.get(
-                    view.id, {}
+                retaining = (
+                    self.retain_supported.get(name)
+                    and name in self.retained.get(view.id, {})
+                    and not self.under_pressure(engine)
                 )
                 wait = max(self.idle_s, self.retention_s / 2) if retaining else self.idle_s
                 if now - last < wait:
@@ -178,7 +182,7 @@ class KeepWarm:
         """Retention hint if the engine takes one, else a one-token request."""
         chat = view.path is None or view.path.endswith("/chat/completions")
         body = warm_body(view, text, self._model(view, engine), chat=chat)
-        if self.retain_supported.get(engine.name) is not False:
+        if self.retain_supported.get(engine.name) is not False and not self.under_pressure(engine):
             hint = {k: v for k, v in body.items() if k in ("messages", "prompt", "model")}
             pinned = await self._retain(
                 engine.name, "/sim/retain", {**hint, "seconds": self.retention_s}, "retain"

@@ -174,7 +174,7 @@ async def test_engine_without_hint_gets_a_one_token_request(
     assert len(warm_requests(engine)) == 1
 
 
-async def test_no_keep_warm_under_pressure_or_after_long_idleness(
+async def test_no_keep_warm_after_long_idleness(
     engine: FakeEngine, router_factory: RouterFactory, http: aiohttp.ClientSession
 ) -> None:
     r = await router_factory(
@@ -183,14 +183,42 @@ async def test_no_keep_warm_under_pressure_or_after_long_idleness(
     keep = r.router.services["workflows"].keep_warm
     async with http.post(f"{r.url}/v1/chat/completions", json=body("w", "a")) as resp:
         assert resp.status == 200
-    load = r.router.pool.engines[0].load
-    load.waiting = 2  # requests queue on the engine: they need the memory
-    assert keep.round() == 0
-    load.waiting, load.kv_usage = 0, 0.95
-    assert keep.round() == 0
-    load.kv_usage = 0.3
     view = r.router.services["workflows"].registry.cached_view("w")
     assert view is not None
     last = max(view.last_used.values())
     assert keep.round(now=last + keep.max_idle_s + 1) == 0  # idle for too long: let go
     assert keep.round(now=last + 1) == 1
+    assert keep.under_pressure(r.router.pool.engines[0]) is False
+
+
+async def test_under_pressure_a_touch_replaces_the_pin(
+    router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    engine = RetainingEngine("sim")
+    await engine.start()
+    try:
+        r = await router_factory(
+            [engine.url], policy="workflow", keep_warm_interval_s=3600, keep_warm_idle_s=0
+        )
+        keep = r.router.services["workflows"].keep_warm
+        async with http.post(f"{r.url}/v1/chat/completions", json=body("w", "a")) as resp:
+            assert resp.status == 200
+        load = r.router.pool.engines[0].load
+        load.waiting = 3  # requests queue there: they need the memory a pin would hold
+        assert keep.round() == 1
+        await keep.drain()
+        assert not engine.retains and len(warm_requests(engine)) == 1
+        load.waiting, load.kv_usage = 0, 0.95  # a nearly full cache: the same
+        view = r.router.services["workflows"].registry.cached_view("w")
+        assert view is not None
+        view.warmed_at.clear()
+        assert keep.round() == 1
+        await keep.drain()
+        assert not engine.retains and len(warm_requests(engine)) == 2
+        load.kv_usage = 0.2
+        view.warmed_at.clear()
+        assert keep.round() == 1
+        await keep.drain()
+        assert len(engine.retains) == 1  # room again: pinned
+    finally:
+        await engine.stop()
