@@ -44,7 +44,7 @@ class RouterConfig:
         [],
     )
     embedded_engines: int = _opt("how many simulated engines to embed when no engine is given", 2)
-    policy: str = _opt("routing policy name", "session")
+    policy: str = _opt("routing policy name", "workflow")
     policies: dict[str, Any] = _opt("custom policy specs (YAML mapping; JSON on the CLI)", {})
     tokenizer: str | None = _opt(
         "directory with the model's tokenizer.json (and chat template), so cache-aware routing "
