@@ -45,6 +45,14 @@ QUICK_WORKLOAD = [
 ]  # fmt: skip
 
 _SERIES = re.compile(r'^(hiveroute_[a-z_]+_total)\{engine="[^"]*"\} ([0-9.e+]+)$', re.M)
+_REASONS = re.compile(
+    r'^hiveroute_routing_decisions_total\{policy="[^"]*",reason="([^"]*)"\} ([0-9.e+]+)$', re.M
+)
+_WARM = re.compile(
+    r'^hiveroute_keep_warm_requests_total\{engine="[^"]*",kind="([^"]*)",result="[^"]*"\} '
+    r"([0-9.e+]+)$",
+    re.M,
+)
 scraped: dict[str, dict[str, float]] = {}
 
 
@@ -62,6 +70,10 @@ def _install_metrics_scrape() -> None:
                 totals: dict[str, float] = defaultdict(float)
                 for name, value in _SERIES.findall(text):
                     totals[name] += float(value)
+                for reason, value in _REASONS.findall(text):
+                    totals[f"reason:{reason}"] += float(value)
+                for kind, value in _WARM.findall(text):
+                    totals[f"keep_warm:{kind}"] += float(value)
                 scraped[self.spec.label] = dict(totals)
             except aiohttp.ClientError:
                 pass
@@ -114,6 +126,8 @@ def analyse(run_dir: Path) -> dict[str, Any]:
             "hit_rate": cell.get("hit_rate"),
             "cross_agent_hit_rate": (cross / prompt) if cross is not None and prompt else None,
             "requests_per_engine": cell.get("requests_per_engine"),
+            "decisions": {k[7:]: int(v) for k, v in metrics.items() if k.startswith("reason:")},
+            "keep_warm": {k[10:]: int(v) for k, v in metrics.items() if k.startswith("keep_warm:")},
         }
     base = result.get("hiveroute:round_robin", {}).get("downstream_ttft_mean_ms")
     for row in result.values():
@@ -162,6 +176,11 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_fmt(row['hit_rate'], '.1%')} | {_fmt(row['cross_agent_hit_rate'], '.1%')} | "
             f"{_balance(row['requests_per_engine'])} | {row['errors']} |"
         )
+    lines += ["", "Routing decisions and keep-warm requests (from each router's /metrics)", ""]
+    for target, row in result.items():
+        decisions = ", ".join(f"{k} {v}" for k, v in sorted(row["decisions"].items()))
+        warm = ", ".join(f"{k} {v}" for k, v in sorted(row["keep_warm"].items())) or "none"
+        lines.append(f"- {target}: {decisions or '-'}; keep-warm: {warm}")
     lines += ["", "TTFT per agent role (ms): mean / p50 / p99", ""]
     roles = sorted({role for row in result.values() for role in row["roles"]})
     lines.append("| target | " + " | ".join(roles) + " |")

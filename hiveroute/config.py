@@ -139,7 +139,7 @@ class RouterConfig:
         "a workflow idle longer than this is no longer kept warm (it is probably done)", 30.0
     )
     keep_warm_max_kv_usage: float = _opt(
-        "engines whose KV cache is fuller than this (0..1) get no keep-warm", 0.9
+        "engines whose KV cache is fuller than this (0..1) get no retention pins, only touches", 0.8
     )
 
     def client_api_keys(self) -> dict[str, str]:

@@ -8,7 +8,7 @@ else with a one-token request (max_tokens=1) that refreshes the blocks' recency.
 within a budget of `keep_warm_max_rps` requests per second (a token bucket). A workflow stops
 being kept warm when it ends or expires; its retention pins are released then.
 
-Pins never hold memory back from real work: on an engine with requests waiting or a cache fuller
+Pins never hold memory back from real work: on an engine whose cache (pins included) is fuller
 than `keep_warm_max_kv_usage` no pin is placed or renewed (they lapse by themselves) and the
 prefix is touched instead, which only refreshes its recency. A workflow idle for more than
 `keep_warm_max_idle_s` (far longer than a tool call: probably done) is let go, its pins released.
@@ -86,10 +86,10 @@ class KeepWarm:
         self._inflight: set[asyncio.Task[None]] = set()
 
     def under_pressure(self, engine: Engine) -> bool:
-        """An engine with requests waiting or a nearly full cache needs its memory for them:
-        no blocks are pinned there (pins lapse on their own); a touch only refreshes recency,
-        which never holds memory back from a request."""
-        return engine.load.waiting > 0 or engine.load.kv_usage >= self.max_kv_usage
+        """An engine whose cache (pins included) is fuller than `keep_warm_max_kv_usage` needs
+        its memory for requests: no blocks are pinned there (pins lapse on their own); a touch
+        only refreshes recency, which never holds memory back from a request."""
+        return engine.load.kv_usage >= self.max_kv_usage
 
     @property
     def enabled(self) -> bool:
