@@ -77,6 +77,7 @@ class KeepWarm:
         self.retention_s: float = config.keep_warm_retention_s
         self.max_idle_s: float = config.keep_warm_max_idle_s
         self.max_kv_usage: float = config.keep_warm_max_kv_usage
+        self.stale_after_s: float = config.request_timeout_s + 60.0
         self.bucket = TokenBucket(config.keep_warm_max_rps)
         self.router: Router | None = None
         self.retain_supported: dict[str, bool] = {}  # engine -> does it take /sim/retain
@@ -137,7 +138,7 @@ class KeepWarm:
         now = time.monotonic() if now is None else now
         launched = 0
         for view in self.service.registry.active_views():
-            if view.active_requests > 0 or not view.engines:
+            if not view.engines or view.busy(now, self.stale_after_s):
                 continue
             text = view.warm_text
             if text is None or len(text) < 256:

@@ -71,7 +71,16 @@ class WorkflowView:
     model: str | None = None
     warm_text: str | None = None  # the text its prompts start with (learned or its contexts)
     shared_prefix: str | None = None  # the canonical shared-context prefix (layout)
-    active_requests: int = 0  # requests of this workflow in flight through this replica
+    in_flight: dict[str, float] = field(default_factory=dict)  # request id -> monotonic start
+
+    def busy(self, now: float, stale_after_s: float) -> bool:
+        """Whether a request of this workflow is in flight here (ones older than
+        `stale_after_s` never finished, e.g. refused before routing, and are dropped)."""
+        for request_id, started in list(self.in_flight.items()):
+            if now - started > stale_after_s:
+                del self.in_flight[request_id]
+        return bool(self.in_flight)
+
     last_used: dict[str, float] = field(default_factory=dict)  # engine -> monotonic seconds
     warmed_at: dict[str, float] = field(default_factory=dict)  # engine -> last keep-warm
 
@@ -258,6 +267,8 @@ class WorkflowRegistry:
 
     async def _check_capacity(self) -> None:
         limit = self.limits.max_workflows
+        if len(self._views) < limit // 2:
+            return  # far from the limit (as far as this replica can tell): skip the scan
         if len(await self.store.scan("wf:doc:", limit=limit + 1)) >= limit:
             raise TooManyRequests(
                 f"the router holds {limit} workflows (max_workflows); end some with "

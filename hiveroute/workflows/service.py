@@ -227,11 +227,17 @@ class WorkflowService:
             stage=meta.stage,
             parent_request_id=meta.parent_request_id,
         )
-        self._pending[request.request_id] = _Pending(view, record, time.monotonic())
-        view.active_requests += 1
-        while len(self._pending) > MAX_PENDING:  # requests refused before routing never finish
-            _, dropped = self._pending.popitem(last=False)
-            dropped.view.active_requests = max(0, dropped.view.active_requests - 1)
+        now = time.monotonic()
+        self._pending[request.request_id] = _Pending(view, record, now)
+        view.in_flight[request.request_id] = now
+        # Requests refused before routing (no engine, overload) never reach after_complete.
+        stale = self.config.request_timeout_s + 60.0
+        while self._pending and (
+            len(self._pending) > MAX_PENDING
+            or now - next(iter(self._pending.values())).started_mono > stale
+        ):
+            dropped_id, dropped = self._pending.popitem(last=False)
+            dropped.view.in_flight.pop(dropped_id, None)
 
     def _learn_prefix(
         self, view: WorkflowView, request: RoutingRequest, shared_prefix: str | None
@@ -254,7 +260,7 @@ class WorkflowService:
         if pending is None:
             return
         view = pending.view
-        view.active_requests = max(0, view.active_requests - 1)
+        view.in_flight.pop(request.request_id, None)
         engine = outcome.engine.name
         view.last_used[engine] = time.monotonic()
         self.spawn(self._finish(request, outcome, pending))
