@@ -2,7 +2,9 @@
 
 A new workflow gets a home engine chosen for free KV capacity and load; every replica agrees on
 it (set-if-absent in the state store). Its agents follow the home while the predicted TTFT there
-beats the alternatives: the home holds the workflow's prefix, so it is predicted to need only
+beats the alternatives (within `home_margin`, 25 %, so siblings do not flap between engines; an
+agent that already ran on one of the workflow's engines returns there, where its own history is
+cached too): the home holds the workflow's prefix, so it is predicted to need only
 the uncached rest, while another engine would prefill everything. When a fan-out would overload
 the home (its queue past a bounded-load limit, or its predicted TTFT worse than elsewhere even
 with the cache), siblings spill to a second engine, which becomes a secondary home: later
@@ -35,6 +37,7 @@ from hiveroute.workflows.scope import scoped
 VIEW_KEY = "workflow_view"
 ROUTED_KEY = "workflow_routed"  # (queue depth, estimated uncached tokens) at routing
 NEW_SPILL_KEY = "workflow_new_spill"
+MAX_AGENT_ENGINES = 1024
 TOKEN_IDS_KEY = "token_ids"  # shared with the cache-aware plugins when they ran first
 
 
@@ -142,7 +145,7 @@ class WorkflowPlacementScorer(Scorer):
         load_factor: float = 1.5,
         slack: int = 2,
         max_homes: int = 2,
-        home_margin: float = 0.0,
+        home_margin: float = 0.25,
         chars_per_token: float = 4.0,
     ) -> None:
         if load_factor < 1.0:
@@ -243,18 +246,15 @@ class WorkflowPlacementScorer(Scorer):
         else:
             homes = [e for e in view.engines if e in by_name]
             home = view.home if view.home in by_name else None
-            fitting = [h for h in homes if fits(h)]
-            best_home = min(fitting, key=lambda h: predicted[h]) if fitting else None
-            if (
-                home is not None
-                and home in fitting
-                and predicted[home] <= best_any * (1.0 + self.home_margin) + 1e-9
-            ):
-                chosen, reason = home, "workflow_home"
-            elif best_home is not None and (
-                predicted[best_home] <= best_any * (1.0 + self.home_margin) + 1e-9
-            ):
-                chosen, reason = best_home, "workflow_spill"
+            agent = request.metadata.agent_id
+            mine = view.agent_engines.get(agent) if agent is not None else None
+            # The agent's own engine holds its history too; then the home; then secondaries.
+            order = list(dict.fromkeys([*([mine] if mine in homes else []), *homes]))
+            limit = best_any * (1.0 + self.home_margin) + 1e-9
+            within = [h for h in order if fits(h) and predicted[h] <= limit]
+            if within:
+                chosen = within[0]
+                reason = "workflow_home" if chosen == home else "workflow_spill"
             elif len(homes) >= self.max_homes:  # no more homes: the least bad one of them
                 chosen = min(homes, key=lambda h: (predicted[h], h))
                 reason = "workflow_home" if chosen == home else "workflow_spill"
@@ -279,6 +279,11 @@ class WorkflowPlacementScorer(Scorer):
         cached = self._cached(view, engine, n)
         state[ROUTED_KEY] = (engine.load.queue_depth, max(0, n - cached))
         service = self.service
+        agent = request.metadata.agent_id
+        if view is not None and agent is not None:
+            view.agent_engines[agent] = engine.name
+            while len(view.agent_engines) > MAX_AGENT_ENGINES:
+                view.agent_engines.pop(next(iter(view.agent_engines)))
         if view is not None and service is not None and engine.name not in view.engines:
             view.secondaries.append(engine.name)  # visible to the next sibling at once
             service.spawn(service.registry.add_secondary(view, engine.name))

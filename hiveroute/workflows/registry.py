@@ -83,6 +83,7 @@ class WorkflowView:
 
     last_used: dict[str, float] = field(default_factory=dict)  # engine -> monotonic seconds
     warmed_at: dict[str, float] = field(default_factory=dict)  # engine -> last keep-warm
+    agent_engines: dict[str, str] = field(default_factory=dict)  # agent -> its last engine
 
     @property
     def id(self) -> str:

@@ -106,3 +106,19 @@ async def test_new_homes_spread_over_idle_engines() -> None:
         for engine in router.pool.engines:
             engine.load.in_flight = 0  # every request done: only the homes already given count
     assert sorted(homes.count(e.name) for e in router.pool.engines) == [2, 2, 2, 2]
+
+
+async def test_an_agent_returns_to_its_own_engine_among_the_homes() -> None:
+    router, _ = make_router(n=3, load_factor=1.0, slack=0)
+    home, _ = await route(router, request("w", "planner", "r0"))
+    home_engine = router.pool.get(home)
+    assert home_engine is not None
+    home_engine.load.in_flight = 10  # a fan-out overloads the home
+    spill, reason = await route(router, request("w", "executor-0", "r1"))
+    assert spill != home and reason == "workflow_new_spill"
+    for engine in router.pool.engines:
+        engine.load.in_flight = 0
+    assert await route(router, request("w", "executor-0", "r2")) == (spill, "workflow_spill")
+    for engine in router.pool.engines:
+        engine.load.in_flight = 0
+    assert await route(router, request("w", "executor-1", "r3")) == (home, "workflow_home")
