@@ -2,9 +2,10 @@
 
 A new workflow gets a home engine chosen for free KV capacity and load; every replica agrees on
 it (set-if-absent in the state store). Its agents follow the home while the predicted TTFT there
-beats the alternatives (within `home_margin`, 25 %, so siblings do not flap between engines; an
+is not far worse than the alternatives' (`home_margin`: up to twice the best, since leaving costs
+a prefill and a second copy of the context) and its load stays under a bounded-load limit; an
 agent that already ran on one of the workflow's engines returns there, where its own history is
-cached too): the home holds the workflow's prefix, so it is predicted to need only
+cached too: the home holds the workflow's prefix, so it is predicted to need only
 the uncached rest, while another engine would prefill everything. When a fan-out would overload
 the home (its queue past a bounded-load limit, or its predicted TTFT worse than elsewhere even
 with the cache), siblings spill to a second engine, which becomes a secondary home: later
@@ -145,7 +146,7 @@ class WorkflowPlacementScorer(Scorer):
         load_factor: float = 1.5,
         slack: int = 2,
         max_homes: int = 2,
-        home_margin: float = 0.25,
+        home_margin: float = 1.0,
         chars_per_token: float = 4.0,
     ) -> None:
         if load_factor < 1.0:
