@@ -199,7 +199,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="a small run (about a minute)")
     ours, rest = parser.parse_known_args(argv)
     from hiveroute.bench.command import execute, options_from_args
-
     from hiveroute.cli import build_parser
 
     extra = list(QUICK_WORKLOAD if ours.quick else DEFAULT_WORKLOAD)
