@@ -40,7 +40,8 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
             404: f"no route {request.method} {request.path}",
             405: f"method {request.method} is not allowed on {request.path}",
         }.get(exc.status, exc.reason)
-        return json_error(exc.status, error_body(message, "invalid_request_error"))
+        kept = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}  # RFC 9110 on 405
+        return json_error(exc.status, error_body(message, "invalid_request_error"), kept or None)
     except ConnectionResetError:
         raise
     except Exception:

@@ -23,7 +23,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from hiveroute.errors import Forbidden, Unauthorized
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})
 ADMIN_PREFIXES = ("/dashboard", "/admin")
 
 

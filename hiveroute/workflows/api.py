@@ -11,6 +11,7 @@ from hiveroute.gateway.auth import principal_of
 from hiveroute.gateway.body import parse_json_object, read_body
 from hiveroute.gateway.completions import ROUTER_KEY
 from hiveroute.workflows.expansion import SEPARATOR, canonical_order
+from hiveroute.workflows.openapi import handle_openapi
 from hiveroute.workflows.placement import best_home
 from hiveroute.workflows.registry import WorkflowView, check_id
 from hiveroute.workflows.scope import scoped
@@ -27,7 +28,9 @@ def _tenant(request: web.Request) -> str | None:
     principal = principal_of(request)
     if principal.tenant is not None:
         return principal.tenant
-    return request.query.get("tenant") or None
+    if "tenant" not in request.query:
+        return None
+    return check_id(request.query["tenant"], "query parameter 'tenant'")
 
 
 def _workflow_key(request: web.Request) -> str:
@@ -188,6 +191,7 @@ def add_routes(app: web.Application, router: Router) -> None:
     app.router.add_get("/v1/contexts", list_contexts)
     app.router.add_get("/v1/contexts/{context_id}", get_context)
     app.router.add_delete("/v1/contexts/{context_id}", delete_context)
+    app.router.add_get("/openapi.json", handle_openapi)
 
 
 __all__ = ["add_routes"]

@@ -156,3 +156,23 @@ async def test_slow_health_checks_do_not_turn_overload_into_an_outage(
     finally:
         for engine in engines:
             await engine.stop()
+
+
+async def test_tenants_cannot_time_each_others_cache(
+    fleet: SimFleet, router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    """Same prompt, same engine: agents of one tenant hit each other's cache, another tenant
+    never does (so it cannot learn the prompt from a faster first token)."""
+    keys = {"key-tenant-a-000": "a", "key-tenant-a-111": "a", "key-tenant-b-000": "b"}
+    router = await router_factory([fleet.engines[0].url], api_keys=keys)
+    prompt = "confidential plan of tenant a " * 40
+    cached: dict[str, int] = {}
+    for key in ("key-tenant-a-000", "key-tenant-a-111", "key-tenant-b-000"):
+        request = {"model": fleet_model(), "prompt": prompt, "max_tokens": 1}
+        headers = {"Authorization": f"Bearer {key}"}
+        async with http.post(f"{router.url}/v1/completions", json=request, headers=headers) as resp:
+            assert resp.status == 200
+            cached[key] = (await resp.json())["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached["key-tenant-a-000"] == 0
+    assert cached["key-tenant-a-111"] > 0, "agents of one tenant share their cache"
+    assert cached["key-tenant-b-000"] == 0, "another tenant never hits it"

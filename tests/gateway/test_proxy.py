@@ -272,7 +272,7 @@ async def test_models_health_metrics_and_unknown_routes(
     missing = await http.get(f"{router.url}/v2/nothing")
     assert missing.status == 404 and "no route" in (await missing.json())["error"]["message"]
     wrong = await http.get(f"{router.url}/v1/completions")
-    assert wrong.status == 405
+    assert wrong.status == 405 and "POST" in wrong.headers["Allow"]
 
 
 async def test_least_load_uses_engine_metrics(
