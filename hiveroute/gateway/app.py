@@ -100,6 +100,7 @@ async def handle_metrics(request: web.Request) -> web.Response:
         metrics.engine_queue.labels(engine.name).set(engine.load.queue_depth)
         metrics.engine_kv_usage.labels(engine.name).set(engine.load.kv_usage)
         metrics.in_flight.labels(engine.name).set(engine.load.in_flight)
+        metrics.known_engine(engine.name)
     return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
 
 

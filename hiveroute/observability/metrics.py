@@ -125,6 +125,8 @@ class RouterMetrics:
             ["reason"],
             registry=r,
         )
+        for reason in ("overloaded", "no_engine"):  # exported as 0 from the start
+            self.rejected.labels(reason)
         self.retries = Counter(
             "hiveroute_retries", "Requests retried on another engine", ["engine"], registry=r
         )
@@ -248,6 +250,18 @@ class RouterMetrics:
             ["engine"],
             registry=r,
         )
+
+    def known_engine(self, engine: str) -> None:
+        """Export an engine's counters as 0 before their first increment, so rates and ratios
+        over them read 0 rather than "no data"."""
+        for counter in (
+            self.retries,
+            self.prompt_tokens,
+            self.cached_tokens,
+            self.cross_agent_cached_tokens,
+            self.completion_tokens,
+        ):
+            counter.labels(engine)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

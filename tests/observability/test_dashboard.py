@@ -11,25 +11,16 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from hiveroute.config import RouterConfig
-from hiveroute.gateway.app import build_app
 from hiveroute.gateway.router import Router
 from tests.support.chromium import Chromium
 from tests.support.fake_engine import FakeEngine
-from tests.support.workflow_standin import WorkflowStandIn
+from tests.support.router_app import serve_router
 
 ADMIN = "admin-key-0123"
 TENANT = "tenant-key-0123"
 WORKFLOW = "wf-review-42"
-
-
-def has_route(app: web.Application, method: str, path: str) -> bool:
-    return any(
-        r.method == method and r.resource is not None and r.resource.canonical == path
-        for r in app.router.routes()
-    )
 
 
 @pytest.fixture
@@ -49,19 +40,11 @@ async def dashboard_router(
         admin_key=ADMIN,
         api_keys={TENANT: "acme"},
     ).validate()
-    router = Router(config)
-    app = build_app(router)
-    if not has_route(app, "GET", "/v1/workflows/{id}"):  # no registry on this branch yet
-        WorkflowStandIn().install(app, router.request_hooks)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    served = await serve_router(Router(config))
     try:
-        yield f"http://127.0.0.1:{port}", router
+        yield served.url, served.router
     finally:
-        await runner.cleanup()
+        await served.stop()
 
 
 async def agent_call(

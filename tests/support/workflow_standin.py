@@ -13,12 +13,18 @@ from typing import Any
 from aiohttp import web
 
 from hiveroute.errors import NotFound
+from hiveroute.observability.metrics import RouterMetrics
 from hiveroute.routing.base import RequestOutcome, RoutingRequest
 
 
 class WorkflowStandIn:
-    def __init__(self) -> None:
+    """Records workflows, answers the API, and observes the workflow metrics as the registry must:
+    hand-off latency at each hand-off, workflow TTFT at its first token, completion time when the
+    workflow is ended (DELETE)."""
+
+    def __init__(self, metrics: RouterMetrics | None = None) -> None:
         self.workflows: dict[str, dict[str, Any]] = {}
+        self.metrics = metrics
 
     async def before_route(self, request: RoutingRequest) -> None:
         meta = request.metadata
@@ -62,6 +68,8 @@ class WorkflowStandIn:
                     "latency_s": now - last["ended_at"],
                 }
             )
+            if self.metrics is not None:
+                self.metrics.handoff_latency.observe(now - last["ended_at"])
         wf["requests"].append(record)
 
     def after_complete(self, request: RoutingRequest, outcome: RequestOutcome) -> None:
@@ -73,8 +81,12 @@ class WorkflowStandIn:
                 record["engine"] = outcome.engine.name
                 record["ended_at"] = record["started_at"] + outcome.duration_s
                 if outcome.ttft_s is not None:
+                    first_yet = any(r["first_token_at"] is not None for r in wf["requests"])
                     record["ttft_s"] = outcome.ttft_s
                     record["first_token_at"] = record["started_at"] + outcome.ttft_s
+                    if not first_yet and self.metrics is not None:
+                        start = wf["requests"][0]["started_at"]
+                        self.metrics.workflow_ttft.observe(record["first_token_at"] - start)
                 record["prompt_tokens"] = outcome.prompt_tokens
                 record["cached_tokens"] = outcome.cached_tokens
                 record["cross_agent_cached_tokens"] = 0
@@ -156,5 +168,15 @@ class WorkflowStandIn:
                 raise NotFound(f"no workflow {request.match_info['id']!r}")
             return web.json_response(self.detail(wf))
 
+        async def end(request: web.Request) -> web.Response:
+            wf = self.workflows.pop(request.match_info["id"], None)
+            if wf is None:
+                raise NotFound(f"no workflow {request.match_info['id']!r}")
+            completion = self.detail(wf)["totals"]["completion_time_s"]
+            if self.metrics is not None and completion is not None:
+                self.metrics.workflow_completion.observe(completion)
+            return web.json_response({"id": wf["id"], "state": "ended"})
+
         app.router.add_get("/v1/workflows", listing)
         app.router.add_get("/v1/workflows/{id}", one)
+        app.router.add_delete("/v1/workflows/{id}", end)
