@@ -147,3 +147,33 @@ def test_config_rejects_too_many_roles_and_bad_sample_ratio() -> None:
         RouterConfig(otlp_sample_ratio=1.5).validate()
     with pytest.raises(ConfigError, match="otlp_endpoint"):
         RouterConfig(otlp_endpoint="localhost:4318").validate()
+
+
+async def test_dashboard_overview_counts_requests_and_cache_per_engine(
+    fake_engines: list[FakeEngine], router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    router = await router_factory([e.url for e in fake_engines], policy="round_robin")
+    for _ in range(3):
+        await completion(http, router.url, stream=False)
+    async with http.get(f"{router.url}/dashboard/api/overview") as r:
+        assert r.status == 200
+        overview = await r.json()
+    async with http.get(f"{router.url}/dashboard") as r:
+        assert r.status == 200 and r.content_type == "text/html"
+        assert "default-src 'none'" in r.headers["Content-Security-Policy"]
+        assert "<script>" in await r.text()
+    engines = {e["name"]: e for e in overview["engines"]}
+    assert set(engines) == {f"127.0.0.1:{e.port}" for e in fake_engines}
+    assert sorted(e["requests"] for e in engines.values()) == [1, 2]
+    assert overview["totals"] == {
+        "engines": 2,
+        "healthy_engines": 2,
+        "in_flight": 0,
+        "requests": 3,
+        "prompt_tokens": 30,
+        "cached_tokens": 12,
+        "cross_agent_cached_tokens": 0,
+        "hit_rate": 0.4,
+        "cross_agent_hit_rate": 0.0,
+    }
+    assert all(e["kv_usage"] == 0.25 and e["hit_rate"] == 0.4 for e in engines.values())
