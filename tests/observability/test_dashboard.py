@@ -132,7 +132,7 @@ async def test_dashboard_shows_what_the_apis_return(
         assert r.status == 401
 
     async with Chromium(window=(1400, 1000)) as browser:
-        await browser.goto(f"{url}/dashboard?key={ADMIN}&workflow={WORKFLOW}&refresh=60000")
+        await browser.goto(f"{url}/dashboard?key={ADMIN}&workflow={WORKFLOW}&refresh=500")
         await browser.wait_for(
             "document.querySelectorAll('#timeline-svg g.req').length === 5", timeout_s=20
         )
@@ -140,6 +140,16 @@ async def test_dashboard_shows_what_the_apis_return(
         overview = await admin_json(http, f"{url}/dashboard/api/overview")
         listing = await admin_json(http, f"{url}/v1/workflows")
         workflow = await admin_json(http, f"{url}/v1/workflows/{WORKFLOW}")
+        # The fleet charts are rates between polls: more traffic while the page is open shows.
+        await run_workflow(http, url)
+        rps = await browser.wait_for(
+            "Number(document.querySelector('[data-field=\"chart-rps\"]')"
+            "?.getAttribute('data-value') || 0)",
+            timeout_s=10,
+        )
+        await browser.wait_for(
+            "document.querySelectorAll('#timeline-svg g.req').length === 10", timeout_s=10
+        )
         shot = Path(os.environ.get("HIVEROUTE_SCREENSHOT_DIR", tmp_path)) / "dashboard.png"
         await browser.screenshot(shot)
 
@@ -154,8 +164,11 @@ async def test_dashboard_shows_what_the_apis_return(
     assert sum(e["requests"] for e in overview["engines"]) == 5
     assert close(shown["totals"]["hit_rate"], overview["totals"]["hit_rate"])
     # Workflows: the list is GET /v1/workflows.
-    assert [w["id"] for w in shown["workflows"]] == [w["id"] for w in listing["data"]]
-    assert close(shown["workflows"][0]["requests"], listing["data"][0]["requests"])
+    listed = {w["id"]: w for w in listing["data"]}
+    assert {w["id"] for w in shown["workflows"]} == set(listed)
+    for row in shown["workflows"]:
+        assert close(row["requests"], listed[row["id"]]["requests"])
+        assert close(row["agents"], listed[row["id"]]["agents"])
     # The timeline and the table draw exactly GET /v1/workflows/{id}.
     assert shown["selected"] == WORKFLOW
     requests = workflow["requests"]
@@ -180,4 +193,5 @@ async def test_dashboard_shows_what_the_apis_return(
     assert workflow["handoffs"], "planner -> executors -> validator has hand-offs"
     for field in ("workflow_ttft_s", "completion_time_s", "hit_rate", "cached_tokens"):
         assert close(shown["wfTotals"][field], workflow["totals"][field]), field
+    assert rps > 0
     assert shot.stat().st_size > 10_000  # a real rendering, not a blank page
