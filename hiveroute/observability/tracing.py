@@ -10,7 +10,9 @@ several routers in one process, and tests, keep their spans apart.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("hiveroute.tracing")
 
 TRACE_HEADERS = ("traceparent", "tracestate")
+EXPORT_TIMEOUT_S = 5.0  # one OTLP export, retries included
+SHUTDOWN_TIMEOUT_S = 3.0  # how long stopping the router waits for the last spans to leave
 
 
 @dataclass(frozen=True)
@@ -102,9 +106,24 @@ class Tracing:
     async def start(self, router: Router) -> None:
         """Component.start (gateway/router.py): the span processors run on their own."""
 
-    async def stop(self) -> None:
-        """Flush and close the exporter without blocking the event loop."""
-        await asyncio.to_thread(self.provider.shutdown)
+    async def stop(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Flush and close the exporter, waiting at most `timeout_s`: an unreachable collector
+        must not hold up the router's shutdown (a daemon thread finishes or is dropped)."""
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+
+        def shutdown() -> None:
+            try:
+                self.provider.shutdown()
+            finally:
+                with contextlib.suppress(RuntimeError):  # the loop may be gone already
+                    loop.call_soon_threadsafe(done.set)
+
+        threading.Thread(target=shutdown, name="hiveroute-trace-shutdown", daemon=True).start()
+        try:
+            await asyncio.wait_for(done.wait(), timeout_s)
+        except TimeoutError:
+            log.warning("trace exporter did not flush within %.0f s; dropping its spans", timeout_s)
 
 
 def build_tracing(
@@ -126,7 +145,7 @@ def build_tracing(
             "otlp_endpoint is set but OpenTelemetry is not installed: "
             "pip install opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
         ) from None
-    exporter = OTLPSpanExporter(endpoint=url, headers=dict(headers or {}))
+    exporter = OTLPSpanExporter(endpoint=url, headers=dict(headers or {}), timeout=EXPORT_TIMEOUT_S)
     log.info("exporting traces over OTLP to %s", url)
     return Tracing.with_exporter(exporter, service_name=service_name, sample_ratio=sample_ratio)
 

@@ -131,3 +131,58 @@ def test_otlp_endpoint_configuration() -> None:
     resource = tracing.provider.resource.attributes
     assert resource["service.name"] == "router-a"
     tracing.provider.shutdown()
+
+
+async def test_otlp_flags_export_spans_to_a_collector(
+    fake_engines: list[FakeEngine], http: aiohttp.ClientSession
+) -> None:
+    """--otlp-endpoint sends the spans over OTLP/HTTP (protobuf) when the router stops at latest."""
+    from aiohttp import web
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    received: list[ExportTraceServiceRequest] = []
+
+    async def collect(request: web.Request) -> web.Response:
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(await request.read())
+        received.append(message)
+        return web.Response(content_type="application/x-protobuf", body=b"")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", collect)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    collector = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        config = RouterConfig(
+            engine=[fake_engines[0].url],
+            host="127.0.0.1",
+            port=0,
+            otlp_endpoint=collector,
+            otlp_service_name="router-under-test",
+        ).validate()
+        running = await start_router(config)
+        assert running.router.tracing is not None
+        body = {"model": "m", "prompt": "p", "hiveroute": {"workflow_id": "wf-otlp"}}
+        async with http.post(f"{running.url}/v1/completions", json=body) as resp:
+            assert resp.status == 200
+        await running.stop()  # flushes the batch
+    finally:
+        await runner.cleanup()
+    spans = [
+        (resource_spans.resource, span)
+        for message in received
+        for resource_spans in message.resource_spans
+        for scope in resource_spans.scope_spans
+        for span in scope.spans
+    ]
+    assert len(spans) == 1
+    resource, span = spans[0]
+    service = {a.key: a.value.string_value for a in resource.attributes}["service.name"]
+    assert service == "router-under-test"
+    attrs = {a.key: a.value for a in span.attributes}
+    assert attrs["hiveroute.workflow.id"].string_value == "wf-otlp"
+    assert attrs["gen_ai.usage.input_tokens"].int_value == 10
