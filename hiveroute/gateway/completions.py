@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -50,7 +51,7 @@ async def handle_completion(request: web.Request) -> web.StreamResponse:
         if span is not None:
             span.fail(exc.status, exc.message)
         raise
-    except ConnectionResetError:
+    except (ConnectionResetError, asyncio.CancelledError):
         if span is not None:
             span.fail(499, "client disconnected")
         raise

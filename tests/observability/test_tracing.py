@@ -186,3 +186,29 @@ async def test_otlp_flags_export_spans_to_a_collector(
     attrs = {a.key: a.value for a in span.attributes}
     assert attrs["hiveroute.workflow.id"].string_value == "wf-otlp"
     assert attrs["gen_ai.usage.input_tokens"].int_value == 10
+
+
+async def test_client_that_goes_away_ends_the_span_as_499(
+    fake_engines: list[FakeEngine], http: aiohttp.ClientSession
+) -> None:
+    import asyncio
+
+    engine = fake_engines[0]
+    engine.behaviour.hold_after_chunk = 0
+    running, exporter = await traced_router([engine])
+    try:
+        resp = await http.post(
+            f"{running.url}/v1/completions", json={"model": "m", "prompt": "p", "stream": True}
+        )
+        await asyncio.wait_for(resp.content.readuntil(b"\n\n"), timeout=10)
+        resp.close()  # the client goes away mid-stream
+        await asyncio.wait_for(engine.stream_closed_by_client.wait(), timeout=10)
+        for _ in range(100):  # the handler ends its span as it unwinds
+            if exporter.get_finished_spans():
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await running.stop()
+    (span,) = exporter.get_finished_spans()
+    assert dict(span.attributes or {})["http.response.status_code"] == 499
+    assert span.status.status_code == StatusCode.ERROR
