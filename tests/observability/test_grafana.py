@@ -21,13 +21,15 @@ from hiveroute.config import RouterConfig
 from hiveroute.gateway.router import Router
 from hiveroute.observability.grafana import dashboard, render
 from hiveroute.observability.metrics import RouterMetrics
-from tests.support.fake_engine import FakeEngine
+from hiveroute.sim.config import SimConfig
+from hiveroute.sim.fleet import SimFleet
 from tests.support.prometheus import Prometheus
 from tests.support.router_app import serve_router
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "hiveroute.json"
 # What Grafana substitutes before sending a query: all engines, and a window of a few scrapes.
+SHARED = "A shared context every agent reads first, long enough to fill a few blocks. " * 8
 VARIABLES = {"$__rate_interval": "10s", "$engine": ".*"}
 
 
@@ -102,7 +104,9 @@ def test_provisioning_files_point_at_the_dashboard() -> None:
     assert jobs == {"hiveroute", "vllm"}
 
 
-async def agent_traffic(http: aiohttp.ClientSession, url: str, stop: asyncio.Event) -> int:
+async def agent_traffic(
+    http: aiohttp.ClientSession, url: str, model: str, stop: asyncio.Event
+) -> int:
     """Workflows of a planner, two executors and a validator, ended when done; until `stop`."""
     count = itertools.count()
     deadline = time.monotonic() + 60
@@ -111,8 +115,9 @@ async def agent_traffic(http: aiohttp.ClientSession, url: str, stop: asyncio.Eve
 
         async def call(agent: str, role: str, stream: bool, wf: str = wf) -> None:
             body = {
-                "model": "m",
-                "prompt": f"shared context of {wf}; {role} task",
+                "model": model,
+                "prompt": f"{SHARED} Workflow {wf}: the {role}'s part.",
+                "max_tokens": 6,
                 "stream": stream,
                 "hiveroute": {"workflow_id": wf, "agent_id": agent, "agent_role": role},
             }
@@ -139,14 +144,23 @@ async def empty_queries(prom: Prometheus, queries: list[tuple[str, str]]) -> lis
     return empty
 
 
+@pytest.fixture
+async def sim_fleet() -> Any:
+    """Two simulated engines with KV events, on free ports, fast enough for a short test."""
+    fleet = SimFleet(SimConfig(engines=2, base_port=0, events_base_port=0, preset="fast"))
+    await fleet.start()
+    try:
+        yield fleet
+    finally:
+        await fleet.stop()
+
+
 @pytest.mark.services
 async def test_every_panel_query_returns_data_from_a_real_prometheus(
-    fake_engines: list[FakeEngine], http: aiohttp.ClientSession
+    sim_fleet: SimFleet, http: aiohttp.ClientSession
 ) -> None:
-    for engine in fake_engines:
-        engine.behaviour.stream_chunks = 4
     config = RouterConfig(
-        engine=[e.url for e in fake_engines],
+        engine=sim_fleet.engine_spec_texts(),
         host="127.0.0.1",
         port=0,
         health_interval_s=0.5,
@@ -154,16 +168,12 @@ async def test_every_panel_query_returns_data_from_a_real_prometheus(
     ).validate()
     served = await serve_router(Router(config))
     router_target = served.url.removeprefix("http://")
-    prom = Prometheus(
-        {
-            "hiveroute": [router_target],
-            "vllm": [e.url.removeprefix("http://") for e in fake_engines],
-        },
-        scrape_interval_s=0.5,
-    )
+    engine_targets = [e.url.removeprefix("http://") for e in sim_fleet.engines]
+    prom = Prometheus({"hiveroute": [router_target], "vllm": engine_targets}, scrape_interval_s=0.5)
     queries = panel_queries(json.loads(DASHBOARD.read_text()))
     stop = asyncio.Event()
-    traffic = asyncio.create_task(agent_traffic(http, served.url, stop))
+    model = sim_fleet.config.model_name()
+    traffic = asyncio.create_task(agent_traffic(http, served.url, model, stop))
     try:
         await prom.start()
         # Every query Prometheus accepts (a typo in PromQL fails here, not in Grafana).
