@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))  # tests.support (stand-in engine, Chromium driver
 
 import aiohttp  # noqa: E402
 
+from hiveroute import runtime  # noqa: E402
 from hiveroute.config import RouterConfig  # noqa: E402
 from hiveroute.gateway.router import Router  # noqa: E402
 from hiveroute.gateway.server import start_router  # noqa: E402
@@ -136,7 +137,7 @@ def overhead(args: argparse.Namespace) -> None:
     runs = []
     for _ in range(args.rounds):  # interleaved, to even out a busy machine
         for tracing in (False, True):
-            runs.append(asyncio.run(run(tracing, args.requests, args.concurrency, args.chunks)))
+            runs.append(runtime.run(run(tracing, args.requests, args.concurrency, args.chunks)))
     rows = []
     for mode in ("off", "on"):
         mine = [r for r in runs if r["tracing"] == mode]
@@ -252,7 +253,7 @@ async def main_async(args: argparse.Namespace) -> str:
 
 
 def dashboard_demo(args: argparse.Namespace) -> None:
-    body = asyncio.run(main_async(args))
+    body = runtime.run(main_async(args))
     print(body)
     print(write_report("observability_dashboard", "Dashboard demo", body))
 
