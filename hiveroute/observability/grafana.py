@@ -343,7 +343,14 @@ ROWS: tuple[Row, ...] = (
                 unit="ops",
             ),
             Panel(
-                "KV-event gaps, restarts, decode errors",
+                "KV-event lag",
+                (q(f"max by (engine) (hiveroute_kv_event_lag_seconds{{{ENG}}})", "{{engine}}"),),
+                unit="s",
+                description="From an engine stamping its latest KV-event batch to the router "
+                "applying it; clock skew between hosts adds to it.",
+            ),
+            Panel(
+                "KV-event gaps, restarts, decode errors, evictions",
                 (
                     q(
                         f"sum by (engine, outcome) (increase(hiveroute_kv_event_gaps_total{{{ENG}}}[{RATE}]))",
@@ -356,6 +363,10 @@ ROWS: tuple[Row, ...] = (
                     q(
                         f"sum by (engine) (increase(hiveroute_kv_event_decode_errors_total{{{ENG}}}[{RATE}]))",
                         "decode error {{engine}}",
+                    ),
+                    q(
+                        f"sum(increase(hiveroute_kv_index_evictions_total[{RATE}]))",
+                        "index evictions (LRU)",
                     ),
                 ),
             ),

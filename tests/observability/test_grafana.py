@@ -89,6 +89,7 @@ def test_dashboard_is_well_formed() -> None:
         "hiveroute_kv_index_blocks",
         "hiveroute_kv_events_total",
         "hiveroute_kv_event_gaps_total",
+        "hiveroute_kv_event_lag_seconds",
     ):
         assert required in on_board, required
 
