@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -177,3 +178,40 @@ async def test_dashboard_overview_counts_requests_and_cache_per_engine(
         "cross_agent_hit_rate": 0.0,
     }
     assert all(e["kv_usage"] == 0.25 and e["hit_rate"] == 0.4 for e in engines.values())
+
+
+async def test_workflow_registry_observes_workflow_ttft_handoffs_and_completion(
+    fake_engines: list[FakeEngine], router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    router = await router_factory([fake_engines[0].url])
+
+    async def agent(agent_id: str) -> None:
+        body = {
+            "model": "m",
+            "prompt": "p",
+            "hiveroute": {"workflow_id": "wf-m", "agent_id": agent_id},
+        }
+        async with http.post(f"{router.url}/v1/completions", json=body) as r:
+            assert r.status == 200
+
+    async def metric(name: str) -> float | None:
+        async with http.get(f"{router.url}/metrics") as r:
+            return value(await r.text(), name)
+
+    await agent("planner")
+    await agent("executor")  # a hand-off from the planner
+    # The registry records requests off the request path: wait (bounded) for the second one.
+    for _ in range(100):
+        if await metric("hiveroute_handoff_latency_seconds_count"):
+            break
+        await asyncio.sleep(0.05)
+    assert await metric("hiveroute_handoff_latency_seconds_count") == 1
+    assert await metric("hiveroute_workflow_ttft_seconds_count") == 1
+    assert await metric("hiveroute_workflow_completion_seconds_count") == 0
+    async with http.delete(f"{router.url}/v1/workflows/wf-m") as r:
+        assert r.status == 200
+    assert await metric("hiveroute_workflow_completion_seconds_count") == 1
+    async with http.get(f"{router.url}/v1/workflows/wf-m") as r:
+        totals = (await r.json())["totals"]
+    completion_sum = await metric("hiveroute_workflow_completion_seconds_sum")
+    assert completion_sum is not None and abs(completion_sum - totals["completion_time_s"]) < 1e-3
