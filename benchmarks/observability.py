@@ -108,8 +108,12 @@ async def run(tracing: bool, requests: int, concurrency: int, chunks: int) -> di
             await asyncio.gather(*(worker(http) for _ in range(concurrency)))
             elapsed = time.perf_counter() - began
         m = router.metrics
-        overhead_sum = m.value("hiveroute_router_overhead_seconds_sum", {"policy": "session"})
-        overhead_n = m.value("hiveroute_router_overhead_seconds_count", {"policy": "session"})
+        overhead_sum = m.value(
+            "hiveroute_router_overhead_seconds_sum", {"policy": router.policy.name}
+        )
+        overhead_n = m.value(
+            "hiveroute_router_overhead_seconds_count", {"policy": router.policy.name}
+        )
     finally:
         await running.stop()
         await engine.stop()
@@ -214,7 +218,7 @@ async def main_async(args: argparse.Namespace) -> str:
     fleet = SimFleet(SimConfig(engines=3, base_port=0, events_base_port=0, preset=args.preset))
     await fleet.start()
     config = RouterConfig(
-        engine=fleet.engine_spec_texts(), host="127.0.0.1", port=0, policy="session"
+        engine=fleet.engine_spec_texts(), host="127.0.0.1", port=0, policy=args.policy
     ).validate()
     served = await serve_router(Router(config))
     model = fleet.config.model_name()
@@ -240,7 +244,7 @@ async def main_async(args: argparse.Namespace) -> str:
     t = overview["totals"]
     lines = [
         f"{args.workflows} workflows (planner, 3 executors, validator; ~1500-word shared context) "
-        f"on 3 simulated engines (preset {args.preset}), policy session.",
+        f"on 3 simulated engines (preset {args.preset}), policy {args.policy}.",
         "",
         f"- requests: {t['requests']}, prompt tokens: {t['prompt_tokens']}, "
         f"cached: {t['cached_tokens']} (hit rate {t['hit_rate']:.1%})",
@@ -270,6 +274,7 @@ def main() -> None:
     d = sub.add_parser("dashboard", help="an agentic workload and a screenshot of /dashboard")
     d.add_argument("--workflows", type=int, default=4)
     d.add_argument("--preset", default="llama-8b-h100")
+    d.add_argument("--policy", default="workflow", help="routing policy (hiveroute's default)")
     d.add_argument("--out", default=str(ROOT / "docs" / "dashboard.png"))
     d.set_defaults(func=dashboard_demo)
     args = parser.parse_args()
