@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from hiveroute.errors import ConfigError
+from hiveroute.observability.metrics import DEFAULT_ROLES, MAX_ROLES
 
 ENV_PREFIX = "HIVEROUTE_"
 
@@ -141,6 +142,21 @@ class RouterConfig:
     keep_warm_max_kv_usage: float = _opt(
         "engines whose KV cache is fuller than this (0..1) get no retention pins, only touches", 0.8
     )
+    metrics_roles: list[str] = _opt(
+        "agent roles that get their own value of the metrics' role label; others count as 'other'",
+        list(DEFAULT_ROLES),
+    )
+    otlp_endpoint: str | None = _opt(
+        "OTLP/HTTP collector URL for request traces, e.g. http://localhost:4318; none: tracing off",
+        None,
+    )
+    otlp_service_name: str = _opt("service.name of the router's spans", "hiveroute")
+    otlp_sample_ratio: float = _opt(
+        "share of traces sampled when the caller did not decide (0..1)", 1.0
+    )
+    otlp_headers: dict[str, Any] = _opt(
+        "extra headers for the OTLP exporter, e.g. an API key (JSON on the CLI)", {}
+    )
 
     def client_api_keys(self) -> dict[str, str]:
         """Client keys (key -> tenant) from `api_keys` and `api_keys_file` together."""
@@ -181,6 +197,14 @@ class RouterConfig:
             raise ConfigError("max_in_flight must be positive and admission_queue_depth 0 or more")
         if self.admission_timeout_s <= 0:
             raise ConfigError("admission_timeout_s must be positive")
+        if len(self.metrics_roles) > MAX_ROLES:
+            raise ConfigError(f"metrics_roles may list at most {MAX_ROLES} roles")
+        if not 0.0 <= self.otlp_sample_ratio <= 1.0:
+            raise ConfigError("otlp_sample_ratio must be between 0 and 1")
+        if self.otlp_endpoint:
+            from hiveroute.observability.tracing import otlp_traces_url
+
+            otlp_traces_url(self.otlp_endpoint)  # raises ConfigError on a malformed URL
         self.client_api_keys()  # loads and checks the key file
         if self.discovery not in ("static", "kubernetes"):
             raise ConfigError(f"discovery must be 'static' or 'kubernetes', got {self.discovery!r}")

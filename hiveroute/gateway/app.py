@@ -11,6 +11,7 @@ from aiohttp import web
 from hiveroute.errors import HiverouteError, TooManyRequests, error_body
 from hiveroute.gateway.completions import ROUTER_KEY, handle_completion
 from hiveroute.gateway.router import Router
+from hiveroute.observability.dashboard import add_dashboard_routes
 
 log = logging.getLogger("hiveroute.gateway")
 
@@ -100,6 +101,7 @@ async def handle_metrics(request: web.Request) -> web.Response:
         metrics.engine_queue.labels(engine.name).set(engine.load.queue_depth)
         metrics.engine_kv_usage.labels(engine.name).set(engine.load.kv_usage)
         metrics.in_flight.labels(engine.name).set(engine.load.in_flight)
+        metrics.known_engine(engine.name)
     return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
 
 
@@ -118,6 +120,7 @@ def build_app(router: Router) -> web.Application:
     from hiveroute.workflows.api import add_routes
 
     add_routes(app, router)  # /v1/workflows, /v1/contexts
+    add_dashboard_routes(app, router)
 
     async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
         await router.start()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 
 from aiohttp import web
 
-from hiveroute.errors import NoEngineAvailable, NotFound, TooManyRequests
+from hiveroute.errors import HiverouteError, NoEngineAvailable, NotFound, TooManyRequests
 from hiveroute.gateway.access_log import log_request
 from hiveroute.gateway.auth import principal_of
 from hiveroute.gateway.body import check_openai_fields, parse_json_object, read_body
@@ -23,6 +24,7 @@ from hiveroute.gateway.proxy import (
 )
 from hiveroute.gateway.router import Router
 from hiveroute.metadata import extract_metadata
+from hiveroute.observability.tracing import RequestSpan
 from hiveroute.routing.base import CycleState, Decision, RequestOutcome, RoutingRequest
 
 ROUTER_KEY: web.AppKey[Router] = web.AppKey("router", Router)
@@ -34,15 +36,33 @@ def status_class(status: int) -> str:
 
 async def handle_completion(request: web.Request) -> web.StreamResponse:
     router = request.app[ROUTER_KEY]
+    span = None
+    if router.tracing is not None:
+        span = router.tracing.start_span(request.method, request.path, request.headers)
     try:
         async with router.admission.admit():
-            return await _route_and_relay(router, request)
-    except TooManyRequests:
+            return await _route_and_relay(router, request, span)
+    except TooManyRequests as exc:
         router.metrics.rejected.labels("overloaded").inc()
+        if span is not None:
+            span.fail(exc.status, exc.message)
         raise
+    except HiverouteError as exc:
+        if span is not None:
+            span.fail(exc.status, exc.message)
+        raise
+    except (ConnectionResetError, asyncio.CancelledError):
+        if span is not None:
+            span.fail(499, "client disconnected")
+        raise
+    finally:
+        if span is not None:
+            span.end()
 
 
-async def _route_and_relay(router: Router, request: web.Request) -> web.StreamResponse:
+async def _route_and_relay(
+    router: Router, request: web.Request, span: RequestSpan | None
+) -> web.StreamResponse:
     config = router.config
     started = time.perf_counter()
     request_id = request.headers.get("X-Request-Id") or f"hr-{uuid.uuid4().hex}"
@@ -58,6 +78,8 @@ async def _route_and_relay(router: Router, request: web.Request) -> web.StreamRe
         request_id=request_id, path=path, body=clean, metadata=metadata, tenant=tenant
     )
     model = routing_request.model
+    if span is not None:
+        span.set_request(request_id, model, metadata)
     if model is not None and not router.pool.any_serves(model):
         raise NotFound(
             f"model {model!r} is not served by any engine; GET /v1/models lists the models",
@@ -74,6 +96,8 @@ async def _route_and_relay(router: Router, request: web.Request) -> web.StreamRe
         forward_authorization=not router.auth.enabled,
         engine_api_key=config.engine_api_key,
     )
+    if span is not None:
+        span.inject(headers)
     state = CycleState()
     policy = router.policy
     await policy.prepare(routing_request, state)
@@ -92,6 +116,8 @@ async def _route_and_relay(router: Router, request: web.Request) -> web.StreamRe
         if attempt == 0:
             router.metrics.overhead.labels(policy.name).observe(time.perf_counter() - started)
         router.metrics.decisions.labels(policy.name, decision.reason).inc()
+        if span is not None:
+            span.set_routed(engine.name, policy.name, decision.reason, attempt)
         policy.on_routed(routing_request, engine, state)
         engine.load.in_flight += 1
         try:
@@ -139,7 +165,7 @@ async def _route_and_relay(router: Router, request: web.Request) -> web.StreamRe
         answer.response.close()
     finally:
         engine.load.in_flight -= 1
-        _finish(router, routing_request, decision, result, state, started)
+        _finish(router, routing_request, decision, result, state, started, span)
     if response is None:
         raise ConnectionResetError("client disconnected")
     if result.error is not None and result.status < 400:
@@ -154,6 +180,7 @@ def _finish(
     result: RelayResult,
     state: CycleState,
     started: float,
+    span: RequestSpan | None = None,
 ) -> None:
     engine = decision.engine
     policy = router.policy.name
@@ -178,10 +205,22 @@ def _finish(
     if result.ttft_s is not None and result.status < 400:
         metrics.ttft.labels(engine.name, policy).observe(result.ttft_s)
     metrics.e2e.labels(engine.name, policy).observe(duration)
+    if result.itl_s is not None:
+        metrics.itl.labels(engine.name, policy).observe(result.itl_s)
+    role = metrics.role_label(routing_request.metadata.agent_role)
+    metrics.agent_requests.labels(role).inc()
+    if result.ttft_s is not None and result.status < 400:
+        metrics.agent_ttft.labels(role).observe(result.ttft_s)
     if usage is not None and usage.prompt_tokens is not None:
         metrics.prompt_tokens.labels(engine.name).inc(usage.prompt_tokens)
+        metrics.agent_prompt_tokens.labels(role).inc(usage.prompt_tokens)
         if usage.cached_tokens:
             metrics.cached_tokens.labels(engine.name).inc(usage.cached_tokens)
+            metrics.agent_cached_tokens.labels(role).inc(usage.cached_tokens)
+    if usage is not None and usage.completion_tokens:
+        metrics.completion_tokens.labels(engine.name).inc(usage.completion_tokens)
+    if span is not None:
+        span.set_outcome(outcome, bool(routing_request.body.get("stream")))
     log_request(
         {
             "request_id": routing_request.request_id,
@@ -194,6 +233,7 @@ def _finish(
             "status": result.status,
             "stream": bool(routing_request.body.get("stream")),
             "ttft_ms": round(result.ttft_s * 1000, 3) if result.ttft_s is not None else None,
+            "itl_ms": round(result.itl_s * 1000, 3) if result.itl_s is not None else None,
             "duration_ms": round(duration * 1000, 3),
             "prompt_tokens": outcome.prompt_tokens,
             "cached_tokens": outcome.cached_tokens,

@@ -18,6 +18,7 @@ from hiveroute.gateway.admission import AdmissionController
 from hiveroute.gateway.auth import Authenticator
 from hiveroute.kvindex.service import KvEventService
 from hiveroute.observability.metrics import RouterMetrics
+from hiveroute.observability.tracing import Tracing, build_tracing
 from hiveroute.routing.base import RequestOutcome, RoutingRequest
 from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, build_policy
@@ -57,7 +58,7 @@ class Router:
         self.pool = pool or EnginePool(
             config.engine_specs, health_interval_s=config.health_interval_s
         )
-        self.metrics = RouterMetrics()
+        self.metrics = RouterMetrics(config.metrics_roles)
         self.admission = AdmissionController(
             config.max_in_flight, config.admission_queue_depth, config.admission_timeout_s
         )
@@ -67,6 +68,15 @@ class Router:
         discovery = build_discovery(config)
         if discovery is not None:
             self.components.append(discovery)
+        # None when tracing is off: the request path then skips every tracing call.
+        self.tracing: Tracing | None = build_tracing(
+            config.otlp_endpoint,
+            config.otlp_service_name,
+            config.otlp_sample_ratio,
+            {str(k): str(v) for k, v in config.otlp_headers.items()},
+        )
+        if self.tracing is not None:
+            self.components.append(self.tracing)
         self.request_hooks: list[RequestHook] = []
         self.components.append(
             KvEventService.install(

@@ -184,11 +184,18 @@ class KvIndexCollector:
             "KV-event messages that could not be decoded",
             labels=["engine"],
         )
+        lag = GaugeMetricFamily(
+            "hiveroute_kv_event_lag_seconds",
+            "Seconds from an engine stamping its latest KV-event batch to the router applying it",
+            labels=["engine"],
+        )
         for name, sub in self.service.subscribers.items():
             stats = sub.stats
+            if stats.lag_s is not None:
+                lag.add_metric([name], stats.lag_s)
             events.add_metric([name], stats.events)
             gaps.add_metric([name, "replayed"], stats.gaps_replayed)
             gaps.add_metric([name, "dropped"], stats.gaps_dropped)
             restarts.add_metric([name], stats.publisher_restarts)
             errors.add_metric([name], stats.decode_errors)
-        yield from (events, gaps, restarts, errors)
+        yield from (events, gaps, restarts, errors, lag)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 import zmq
@@ -45,6 +46,9 @@ class SubscriberStats:
     gaps_dropped: int = 0
     publisher_restarts: int = 0
     last_seq: int | None = None
+    # Seconds from the engine stamping its latest applied batch to the router applying it
+    # (two clocks: skew between the hosts adds to it).
+    lag_s: float | None = None
 
 
 class KvEventSubscriber:
@@ -255,6 +259,7 @@ class KvEventSubscriber:
         self.stats.batches += 1
         self.stats.events += len(batch.events)
         self.stats.last_seq = batch.seq
+        self.stats.lag_s = max(0.0, time.time() - batch.ts)
         self._expected = batch.seq + 1
         self._last_ts = batch.ts
         self._recent[batch.seq] = batch.ts

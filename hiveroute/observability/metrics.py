@@ -7,6 +7,8 @@ routers in one process do not collide.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (
@@ -33,11 +35,83 @@ LATENCY_BUCKETS = (
     80.0,
 )
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+# Gaps between streamed tokens: tens of microseconds (batched) to a second (a stalled engine).
+ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1.0,
+    2.5,
+)
+# Workflows last longer than requests: seconds to an hour.
+WORKFLOW_BUCKETS = (
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+)
+# Agent roles seen in practice; any other role is counted as "other", a missing one as "none".
+DEFAULT_ROLES = (
+    "planner",
+    "executor",
+    "worker",
+    "researcher",
+    "coder",
+    "tool",
+    "critic",
+    "reviewer",
+    "validator",
+    "summarizer",
+    "orchestrator",
+)
+OTHER_ROLE = "other"
+NO_ROLE = "none"
+MAX_ROLES = 64
+
+
+class RoleLabels:
+    """Maps agent roles to a bounded label set: the configured roles, "other" and "none"."""
+
+    def __init__(self, roles: Iterable[str] = DEFAULT_ROLES) -> None:
+        known = [r.strip().lower() for r in roles if r.strip()]
+        if len(known) > MAX_ROLES:
+            raise ValueError(f"at most {MAX_ROLES} metric roles may be configured")
+        self.known = frozenset(known)
+
+    def __call__(self, role: str | None) -> str:
+        if not role:
+            return NO_ROLE
+        role = role.lower()
+        return role if role in self.known else OTHER_ROLE
 
 
 class RouterMetrics:
-    def __init__(self) -> None:
+    def __init__(self, roles: Iterable[str] = DEFAULT_ROLES) -> None:
         self.registry = CollectorRegistry()
+        self.role_label = RoleLabels(roles)
         r = self.registry
         self.requests = Counter(
             "hiveroute_requests",
@@ -51,6 +125,8 @@ class RouterMetrics:
             ["reason"],
             registry=r,
         )
+        for reason in ("overloaded", "no_engine"):  # exported as 0 from the start
+            self.rejected.labels(reason)
         self.retries = Counter(
             "hiveroute_retries", "Requests retried on another engine", ["engine"], registry=r
         )
@@ -96,6 +172,69 @@ class RouterMetrics:
             ["engine"],
             registry=r,
         )
+        self.cross_agent_cached_tokens = Counter(
+            "hiveroute_cross_agent_cached_tokens",
+            "Cached prompt tokens whose blocks another agent of the same workflow computed",
+            ["engine"],
+            registry=r,
+        )
+        self.completion_tokens = Counter(
+            "hiveroute_completion_tokens",
+            "Generated tokens, from the engines' usage",
+            ["engine"],
+            registry=r,
+        )
+        self.itl = Histogram(
+            "hiveroute_inter_token_latency_seconds",
+            "Mean gap between a streamed response's SSE data events (one observation a request)",
+            ["engine", "policy"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.agent_requests = Counter(
+            "hiveroute_agent_requests",
+            "Requests finished, by agent role (roles outside the configured set count as other)",
+            ["role"],
+            registry=r,
+        )
+        self.agent_prompt_tokens = Counter(
+            "hiveroute_agent_prompt_tokens",
+            "Prompt tokens by agent role",
+            ["role"],
+            registry=r,
+        )
+        self.agent_cached_tokens = Counter(
+            "hiveroute_agent_cached_tokens",
+            "Prompt tokens served from the engines' prefix cache, by agent role",
+            ["role"],
+            registry=r,
+        )
+        self.agent_ttft = Histogram(
+            "hiveroute_agent_ttft_seconds",
+            "Time to first token at the router, by agent role",
+            ["role"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.workflow_ttft = Histogram(
+            "hiveroute_workflow_ttft_seconds",
+            "From a workflow's first request arriving to its first token",
+            buckets=WORKFLOW_BUCKETS,
+            registry=r,
+        )
+        self.workflow_completion = Histogram(
+            "hiveroute_workflow_completion_seconds",
+            "From a workflow's first request arriving to its last response ending (observed when "
+            "the workflow ends or expires)",
+            buckets=WORKFLOW_BUCKETS,
+            registry=r,
+        )
+        self.handoff_latency = Histogram(
+            "hiveroute_handoff_latency_seconds",
+            "From one agent's response ending to the next agent's request in the same workflow",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.engine_up = Gauge(
             "hiveroute_engine_up", "1 if the engine is healthy, else 0", ["engine"], registry=r
         )
@@ -112,5 +251,22 @@ class RouterMetrics:
             registry=r,
         )
 
+    def known_engine(self, engine: str) -> None:
+        """Export an engine's counters as 0 before their first increment, so rates and ratios
+        over them read 0 rather than "no data"."""
+        for counter in (
+            self.retries,
+            self.prompt_tokens,
+            self.cached_tokens,
+            self.cross_agent_cached_tokens,
+            self.completion_tokens,
+        ):
+            counter.labels(engine)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """The current value of one sample (0 if never set), e.g. for the dashboard's JSON."""
+        found = self.registry.get_sample_value(name, labels or {})
+        return 0.0 if found is None else found

@@ -120,6 +120,9 @@ class WorkflowRegistry:
         self._views: OrderedDict[str, WorkflowView] = OrderedDict()
         self._listeners: list[Listener] = []
         self.handoff_observer: Callable[[float], None] | None = None
+        # Workflow-level figures for the router's metrics (observability/metrics.py).
+        self.workflow_ttft_observer: Callable[[float], None] | None = None
+        self.completion_observer: Callable[[float], None] | None = None
 
     def on_state_change(self, listener: Listener) -> None:
         """Hear when a workflow ends or expires (keep-warm stops then)."""
@@ -326,6 +329,7 @@ class WorkflowRegistry:
             view.settings.state = ENDED
             view.settings.ended_at = self.clock()
             await self.save(view.settings)
+            await self._observe_completion(workflow_id)
             self._notify(workflow_id, ENDED)
         return {"id": unscoped(workflow_id), "state": ENDED}
 
@@ -344,9 +348,20 @@ class WorkflowRegistry:
             if self._effective_state(view.settings, view.last_active_at) == EXPIRED:
                 view.settings.state = EXPIRED
                 await self.save(view.settings)
+                await self._observe_completion(workflow_id)
                 expired.append(workflow_id)
                 self._notify(workflow_id, EXPIRED)
         return expired
+
+    async def _observe_completion(self, workflow_id: str) -> None:
+        """Completion time (first request in to last response out) of a workflow that ended."""
+        if self.completion_observer is None:
+            return
+        stats = await self.store.hgetall(_k("stats", workflow_id))
+        first = _float(stats.get("first_started_at"))
+        last = _float(stats.get("last_ended_at"))
+        if first is not None and last is not None:
+            self.completion_observer(max(0.0, last - first))
 
     async def _purge(self, workflow_id: str) -> None:
         kinds = ("doc", "stats", "home", "homes", "engines", "agents", "req", "order", "last")
@@ -527,6 +542,9 @@ class WorkflowRegistry:
             first = stats.get("first_token_at")
             if first is None or float(first) > record.first_token_at:
                 updates["first_token_at"] = repr(record.first_token_at)
+            started_at = _float(stats.get("first_started_at"))
+            if first is None and started_at is not None and self.workflow_ttft_observer:
+                self.workflow_ttft_observer(max(0.0, record.first_token_at - started_at))
         await self.store.hset(stats_key, updates)
         await self.store.hincrby(_k("engines", wid), engine, 1)
         if agent is not None and status == "ok":

@@ -14,9 +14,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge
 
 from hiveroute.kvindex.tokenizer import Tokenizer, load_tokenizer
+from hiveroute.observability.metrics import RouterMetrics
 from hiveroute.routing.base import RequestOutcome, RoutingRequest
 from hiveroute.state.store import StateStore, open_state_store
 from hiveroute.workflows.accounting import CrossAgentAccountant
@@ -37,7 +38,6 @@ log = logging.getLogger("hiveroute.workflows")
 SERVICE_KEY = "workflows"
 MAX_PENDING = 100_000
 SWEEP_EVERY_S = 1.0
-HANDOFF_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 @dataclass
@@ -48,23 +48,18 @@ class _Pending:
 
 
 class WorkflowMetrics:
-    def __init__(self, registry: Any) -> None:
-        self.cross_agent = Counter(
-            "hiveroute_cross_agent_cached_tokens",
-            "Prompt tokens served from cache blocks another agent of the same workflow stored",
-            ["engine"],
-            registry=registry,
-        )
+    """The workflow series: the router's own (RouterMetrics) plus the registry's gauges."""
+
+    def __init__(self, router_metrics: RouterMetrics) -> None:
+        registry = router_metrics.registry
+        self.cross_agent = router_metrics.cross_agent_cached_tokens
+        self.handoff = router_metrics.handoff_latency
+        self.workflow_ttft = router_metrics.workflow_ttft
+        self.completion = router_metrics.workflow_completion
         self.workflow_prompt_tokens = Counter(
             "hiveroute_workflow_prompt_tokens",
             "Prompt tokens of requests that belong to a workflow",
             ["engine"],
-            registry=registry,
-        )
-        self.handoff = Histogram(
-            "hiveroute_workflow_handoff_seconds",
-            "From one agent's response end to the next agent's request in the same workflow",
-            buckets=HANDOFF_BUCKETS,
             registry=registry,
         )
         self.active = Gauge(
@@ -87,7 +82,7 @@ class WorkflowService:
         tokenizer: Tokenizer,
         *,
         config: Any,
-        metrics_registry: Any,
+        metrics: RouterMetrics,
     ) -> None:
         self.config = config
         self.store = store
@@ -109,7 +104,7 @@ class WorkflowService:
             max_contexts=config.context_max_count,
         )
         self.accountant = CrossAgentAccountant(tokenizer, max_workflows=config.max_workflows)
-        self.metrics = WorkflowMetrics(metrics_registry)
+        self.metrics = WorkflowMetrics(metrics)
         self.keep_warm = KeepWarm(self)
         self.router: Router | None = None
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
@@ -117,6 +112,8 @@ class WorkflowService:
         self._sweeper: asyncio.Task[None] | None = None
         self.registry.on_state_change(self._on_state_change)
         self.registry.handoff_observer = self.metrics.handoff.observe
+        self.registry.workflow_ttft_observer = self.metrics.workflow_ttft.observe
+        self.registry.completion_observer = self.metrics.completion.observe
 
     @classmethod
     def install(cls, router: Router) -> WorkflowService:
@@ -129,7 +126,7 @@ class WorkflowService:
             services["state_store"],
             services["tokenizer"],
             config=router.config,
-            metrics_registry=router.metrics.registry,
+            metrics=router.metrics,
         )
         services[SERVICE_KEY] = service
         router.request_hooks.append(service)

@@ -1,0 +1,119 @@
+"""The live page at /dashboard and the JSON it reads: served by the router, no build step.
+
+The page is one static HTML file with its script inline (no CDN: the router may run offline).
+It reads `/dashboard/api/overview` (engines, load, cache use) and the workflow API
+(`/v1/workflows`, `/v1/workflows/{id}`) directly, so the timeline draws exactly the numbers that
+API returns. Auth: /dashboard* needs the admin key when keys are configured (gateway/auth.py);
+the page takes it from `?key=` and sends it on as a bearer token in its own requests.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from hiveroute.gateway.router import Router
+
+DASHBOARD_HEADERS = {
+    "Cache-Control": "no-store",
+    # Everything the page needs is inline or same-origin; nothing may load from elsewhere.
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+        "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; "
+        "frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def dashboard_html() -> bytes:
+    return resources.files("hiveroute.observability").joinpath("static/dashboard.html").read_bytes()
+
+
+def _by_engine(counter: Any) -> dict[str, float]:
+    """Sum a counter's `_total` samples per engine label, whatever its other labels."""
+    sums: dict[str, float] = {}
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and "engine" in sample.labels:
+                engine = sample.labels["engine"]
+                sums[engine] = sums.get(engine, 0.0) + sample.value
+    return sums
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return round(part / whole, 6) if whole > 0 else None
+
+
+def overview(router: Router) -> dict[str, Any]:
+    """Engines with their health, load and cache use, and fleet totals."""
+    m = router.metrics
+    requests = _by_engine(m.requests)
+    prompt = _by_engine(m.prompt_tokens)
+    cached = _by_engine(m.cached_tokens)
+    cross = _by_engine(m.cross_agent_cached_tokens)
+    engines = []
+    for e in router.pool.engines:
+        p, c = prompt.get(e.name, 0.0), cached.get(e.name, 0.0)
+        engines.append(
+            {
+                "name": e.name,
+                "url": e.url,
+                "healthy": e.healthy,
+                "models": sorted(e.models),
+                "in_flight": e.load.in_flight,
+                "running": e.load.running,
+                "waiting": e.load.waiting,
+                "queue_depth": e.load.queue_depth,
+                "kv_usage": e.load.kv_usage,
+                "requests": int(requests.get(e.name, 0.0)),
+                "prompt_tokens": int(p),
+                "cached_tokens": int(c),
+                "cross_agent_cached_tokens": int(cross.get(e.name, 0.0)),
+                "hit_rate": _ratio(c, p),
+                "last_error": e.last_error,
+            }
+        )
+    total_prompt = sum(prompt.values())
+    total_cached = sum(cached.values())
+    total_cross = sum(cross.values())
+    return {
+        "object": "dashboard.overview",
+        "generated_at": time.time(),
+        "policy": router.policy.name,
+        "engines": engines,
+        "totals": {
+            "engines": len(engines),
+            "healthy_engines": sum(1 for e in engines if e["healthy"]),
+            "in_flight": sum(e.load.in_flight for e in router.pool.engines),
+            "requests": int(sum(requests.values())),
+            "prompt_tokens": int(total_prompt),
+            "cached_tokens": int(total_cached),
+            "cross_agent_cached_tokens": int(total_cross),
+            "hit_rate": _ratio(total_cached, total_prompt),
+            "cross_agent_hit_rate": _ratio(total_cross, total_prompt),
+        },
+    }
+
+
+def add_dashboard_routes(app: web.Application, router: Router) -> None:
+    """GET /dashboard (the page) and GET /dashboard/api/overview (its engine data)."""
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(
+            body=dashboard_html(),
+            content_type="text/html",
+            charset="utf-8",
+            headers=DASHBOARD_HEADERS,
+        )
+
+    async def api_overview(request: web.Request) -> web.Response:
+        return web.json_response(overview(router), headers={"Cache-Control": "no-store"})
+
+    app.router.add_get("/dashboard", page)
+    app.router.add_get("/dashboard/", page)
+    app.router.add_get("/dashboard/api/overview", api_overview)
