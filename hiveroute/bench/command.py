@@ -20,6 +20,19 @@ from hiveroute.bench.workloads.base import (
 from hiveroute.errors import ConfigError
 
 
+def _model_shape(text: str) -> tuple[int, int]:
+    layers, sep, hidden = text.lower().partition("x")
+    try:
+        shape = (int(layers), int(hidden))
+    except ValueError:
+        shape = (0, 0)
+    if not sep or not (1 <= shape[0] <= 64 and 64 <= shape[1] <= 8192 and shape[1] % 64 == 0):
+        raise argparse.ArgumentTypeError(
+            f"expected LAYERSxHIDDEN with 1..64 layers and a width of 64..8192 in steps of 64, got {text!r}"
+        )
+    return shape
+
+
 def _sim_option(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -96,6 +109,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, slices: int) -> None:
     g.add_argument("--preset", default=e.preset, help="simulator preset (sim engines)")
     g.add_argument("--block-size", type=positive_int, default=e.block_size)
     g.add_argument(
+        "--vllm-model",
+        type=_model_shape,
+        default=(e.vllm_layers, e.vllm_hidden),
+        metavar="LAYERSxHIDDEN",
+        help="shape of the random-weight model real vLLM serves (default 2x256); wider and "
+        "deeper models make prefill cost real time on the CPU",
+    )
+    g.add_argument(
         "--sim-option",
         type=_sim_option,
         action="append",
@@ -146,6 +167,8 @@ def options_from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
             preset=args.preset,
             block_size=args.block_size,
             sim_options=dict(args.sim_option),
+            vllm_layers=args.vllm_model[0],
+            vllm_hidden=args.vllm_model[1],
         ),
         out_dir=args.out,
         slices=args.slices,

@@ -23,6 +23,8 @@ class EngineOptions:
     block_size: int = 16
     sim_options: dict[str, Any] = field(default_factory=dict)  # more SimConfig fields
     startup_timeout_s: float = 60.0
+    vllm_layers: int = 2  # the random-weight model real vLLM serves: deeper and wider
+    vllm_hidden: int = 256  # makes prefill cost real time on the CPU
 
 
 @dataclass
@@ -92,7 +94,12 @@ async def _start_vllm(options: EngineOptions, log_path: Path) -> Fleet:
             f"no vLLM environment at {vllm_local.vllm_python()}; run scripts/ensure-vllm or set "
             "HIVEROUTE_VLLM_PYTHON"
         )
-    model_dir = await asyncio.to_thread(vllm_local.make_tiny_model)
+    spec = vllm_local.TinyModelSpec(
+        layers=options.vllm_layers,
+        hidden=options.vllm_hidden,
+        heads=max(1, options.vllm_hidden // 64),
+    )
+    model_dir = await asyncio.to_thread(vllm_local.make_tiny_model, spec)
     servers = await vllm_local.start_vllm_servers(options.count, model_dir, log_dir=log_path.parent)
     return Fleet(
         specs=[_spec_text(s.spec) for s in servers],

@@ -70,3 +70,14 @@ def test_sim_options_are_typed() -> None:
         ["bench", "run", "--sim-option", "num_blocks=4000", "--sim-option", "time-scale=0.5"]
     )
     assert dict(args.sim_option) == {"num_blocks": 4000, "time_scale": 0.5}
+
+
+def test_vllm_model_shape_is_checked() -> None:
+    import argparse
+
+    from hiveroute.bench.command import _model_shape
+
+    assert _model_shape("8x512") == (8, 512)
+    for bad in ("8", "x512", "8x100", "0x256", "axb"):
+        with pytest.raises(argparse.ArgumentTypeError, match="LAYERSxHIDDEN"):
+            _model_shape(bad)
