@@ -1,0 +1,45 @@
+"""Fixtures for the integration tests: a router on a free port that records what it parsed."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from hiveroute.metadata import RequestMetadata
+from hiveroute.routing.base import RequestOutcome, RoutingRequest
+from tests.conftest import RouterFactory
+from tests.support.fake_engine import FakeEngine
+
+
+@dataclass
+class MetadataRecorder:
+    """A router request hook that keeps each request's id, body and parsed metadata."""
+
+    seen: list[tuple[str, dict[str, object], RequestMetadata]] = field(default_factory=list)
+
+    async def before_route(self, request: RoutingRequest) -> None:
+        self.seen.append((request.request_id, request.body, request.metadata))
+
+    def after_complete(self, request: RoutingRequest, outcome: RequestOutcome) -> None:
+        return None
+
+    def by_prompt(self) -> dict[str, RequestMetadata]:
+        return {str(body.get("prompt")): metadata for _, body, metadata in self.seen}
+
+
+@dataclass
+class RecordingRouter:
+    url: str
+    recorder: MetadataRecorder
+
+
+@pytest.fixture
+async def recording_router(
+    fake_engines: list[FakeEngine], router_factory: RouterFactory
+) -> AsyncIterator[RecordingRouter]:
+    running = await router_factory([e.url for e in fake_engines])
+    recorder = MetadataRecorder()
+    running.router.request_hooks.append(recorder)
+    yield RecordingRouter(url=running.url, recorder=recorder)
