@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "sim": ("hiveroute.sim.command", "run simulated vLLM engines"),
     "demo": ("hiveroute.bench.demo", "see the router at work on simulated engines (a minute)"),
     "bench": ("hiveroute.bench.command", "benchmark routers on agentic, chat and trace workloads"),
+    "mcp": ("hiveroute.integrations.mcp_command", "run the MCP server (stdio or streamable HTTP)"),
 }
 
 

@@ -33,13 +33,11 @@ def apply_tags(request: _Message, *, baggage: bool = False) -> None:
     tags = current_tags()
     if tags is None:
         return
-    for name, value in tags.headers().items():
-        if name not in request.headers:
+    existing = request.headers.get("baggage")
+    wanted = tags.outgoing_headers(existing if existing is not None else ("" if baggage else None))
+    for name, value in wanted.items():
+        if name == "baggage" or name not in request.headers:
             request.headers[name] = value
-    if baggage or any(not str(v).isascii() for v in vars(tags).values() if v is not None):
-        merged = tags.baggage(request.headers.get("baggage"))
-        if merged:
-            request.headers["baggage"] = merged
 
 
 def note_answer(response: _Answer) -> None:

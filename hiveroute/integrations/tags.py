@@ -17,7 +17,13 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
-from hiveroute.metadata import BAGGAGE_CARRIER, HEADER_CARRIER, MAX_ID_LENGTH, parse_baggage
+from hiveroute.metadata import (
+    BAGGAGE_CARRIER,
+    HEADER_CARRIER,
+    MAX_ID_LENGTH,
+    RequestMetadata,
+    parse_baggage,
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,28 @@ class WorkflowTags:
     stage: str | None = None
     parent_request_id: str | None = None
     priority: int | None = None
+
+    @classmethod
+    def from_metadata(cls, metadata: RequestMetadata) -> WorkflowTags:
+        """The tags of a parsed request (context refs are not tags and are left out)."""
+        return cls(**{f.name: getattr(metadata, f.name) for f in fields(cls)})
+
+    def is_empty(self) -> bool:
+        return all(getattr(self, f.name) is None for f in fields(self))
+
+    def outgoing_headers(self, baggage: str | None = None) -> dict[str, str]:
+        """X-* headers, plus baggage when `baggage` is given or a value is not plain ASCII."""
+        result = self.headers()
+        non_ascii = any(
+            not str(getattr(self, f.name)).isascii()
+            for f in fields(self)
+            if getattr(self, f.name) is not None
+        )
+        if baggage is not None or non_ascii:
+            merged = self.baggage(baggage)
+            if merged:
+                result["baggage"] = merged
+        return result
 
     def merged(self, other: WorkflowTags) -> WorkflowTags:
         """These tags with every field `other` sets taking its value."""

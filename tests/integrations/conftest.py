@@ -43,3 +43,27 @@ async def recording_router(
     recorder = MetadataRecorder()
     running.router.request_hooks.append(recorder)
     yield RecordingRouter(url=running.url, recorder=recorder)
+
+
+@dataclass
+class ApiStack:
+    """A router (with the workflow/context API) in front of fake engines; `url` is its front."""
+
+    url: str
+    engines: list[FakeEngine]
+    recorder: MetadataRecorder
+
+
+@pytest.fixture
+async def api_stack(
+    fake_engines: list[FakeEngine], router_factory: RouterFactory
+) -> AsyncIterator[ApiStack]:
+    from tests.support.workflow_api_stub import WorkflowAPIStub
+
+    running = await router_factory([e.url for e in fake_engines])
+    recorder = MetadataRecorder()
+    running.router.request_hooks.append(recorder)
+    stub = WorkflowAPIStub(running.url)
+    await stub.start()
+    yield ApiStack(url=stub.url, engines=fake_engines, recorder=recorder)
+    await stub.stop()
