@@ -67,3 +67,26 @@ async def api_stack(
     await stub.start()
     yield ApiStack(url=stub.url, engines=fake_engines, recorder=recorder)
     await stub.stop()
+
+
+@pytest.fixture
+async def sim_api_stack(router_factory: RouterFactory) -> AsyncIterator[ApiStack]:
+    """The same stack in front of two simulated engines (real prefix caching, chat templates)."""
+    from hiveroute.sim import SimConfig, SimFleet
+
+    from tests.support.workflow_api_stub import WorkflowAPIStub
+
+    fleet = SimFleet(
+        SimConfig(engines=2, base_port=0, events_base_port=0, preset="fast", host="127.0.0.1")
+    )
+    await fleet.start()
+    try:
+        running = await router_factory(fleet.engine_spec_texts())
+        recorder = MetadataRecorder()
+        running.router.request_hooks.append(recorder)
+        stub = WorkflowAPIStub(running.url)
+        await stub.start()
+        yield ApiStack(url=stub.url, engines=[], recorder=recorder)
+        await stub.stop()
+    finally:
+        await fleet.stop()
