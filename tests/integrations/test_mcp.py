@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -246,3 +247,20 @@ def test_cli_refuses_a_bad_router_url() -> None:
     )
     assert done.returncode == 2
     assert "--router" in done.stderr and "http://" in done.stderr
+
+
+def test_cli_reports_a_port_in_use() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "hiveroute", "mcp", "--transport", "http", "--port", str(port)],
+            env=server_env(),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr

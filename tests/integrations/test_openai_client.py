@@ -227,3 +227,12 @@ def test_headers_and_baggage() -> None:
     assert tags.headers() == {"X-Workflow-Id": "wf", "X-Hiveroute-Priority": "3"}
     assert tags.baggage("k=v") == "k=v,workflow.id=wf,agent.id=%C3%A4"
     assert tags.baggage("agent.id=other") == "agent.id=other,workflow.id=wf"
+
+
+def test_one_block_object_can_be_entered_again_inside_itself() -> None:
+    block = workflow("wf", agent="a")
+    with block:
+        with workflow(agent="b"), block:
+            assert current_tags() == WorkflowTags(workflow_id="wf", agent_id="a")
+        assert current_tags() == WorkflowTags(workflow_id="wf", agent_id="a")
+    assert current_tags() is None
