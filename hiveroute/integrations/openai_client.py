@@ -28,13 +28,15 @@ class _Answer(Protocol):
     status_code: int
 
 
-def apply_tags(request: _Message, *, baggage: bool = False) -> None:
-    """Set the current block's headers on an outgoing request (caller-set headers win)."""
+def apply_tags(request: _Message) -> None:
+    """Set the current block's headers on an outgoing request (caller-set headers win).
+
+    Tags are merged into a baggage header the caller already sends (its own keys kept).
+    """
     tags = current_tags()
     if tags is None:
         return
-    existing = request.headers.get("baggage")
-    wanted = tags.outgoing_headers(existing if existing is not None else ("" if baggage else None))
+    wanted = tags.outgoing_headers(request.headers.get("baggage"))
     for name, value in wanted.items():
         if name == "baggage" or name not in request.headers:
             request.headers[name] = value
