@@ -20,6 +20,7 @@ from hiveroute.client import (
     workflow,
 )
 from tests.integrations.conftest import RecordingRouter
+from tests.support.fake_engine import FakeEngine
 
 
 def sync_client(router: RecordingRouter) -> openai.OpenAI:
@@ -236,3 +237,15 @@ def test_one_block_object_can_be_entered_again_inside_itself() -> None:
             assert current_tags() == WorkflowTags(workflow_id="wf", agent_id="a")
         assert current_tags() == WorkflowTags(workflow_id="wf", agent_id="a")
     assert current_tags() is None
+
+
+async def test_callers_baggage_is_kept_and_extended(
+    recording_router: RecordingRouter, fake_engines: list[FakeEngine]
+) -> None:
+    client = async_client(recording_router)
+    async with workflow("wf-b", agent="a"):
+        await client.completions.create(
+            model="m", prompt="p", max_tokens=2, extra_headers={"baggage": "tenant=t1"}
+        )
+    baggage = [h["baggage"] for e in fake_engines for h in e.received_headers]
+    assert baggage == ["tenant=t1,workflow.id=wf-b,agent.id=a"]
