@@ -183,6 +183,8 @@ async def test_stdio_errors_are_tool_errors(api_stack: ApiStack) -> None:
             "generate", {"prompt": "a"}, meta={"io.hiveroute/agentId": 5}
         )
         assert "_meta" in error_text(bad_meta)
+        # no model anywhere: the router's first model is used
+        assert structured(await session.call_tool("generate", {"prompt": "a"}))["model"] == "m"
         with pytest.raises(MCPError, match="nope"):
             await session.read_resource("hiveroute://contexts/nope")
 
