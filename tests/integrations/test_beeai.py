@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from beeai_framework.agents.requirement import RequirementAgent
 from beeai_framework.backend.message import UserMessage
+from beeai_framework.backend.types import ChatModelParameters
 
 from hiveroute.integrations.beeai import HiverouteMiddleware, router_chat_model
 from hiveroute.integrations.router_api import RouterClient
@@ -35,15 +37,20 @@ async def test_team_workflow_is_attributed_and_shares_cache(sim_api_stack: ApiSt
         status = await router.get_workflow("bee-1")
     assert len(state.results) == 3 and state.review
     requests = status["requests"]
-    assert len(requests) == 5
-    assert all(r["agent_id"] and r["agent_role"] for r in requests)
-    agents = [r["agent_id"] for r in requests]
-    assert (agents[0], agents[-1]) == ("planner", "reviewer")
-    assert set(agents[1:4]) == {"executor-1", "executor-2", "executor-3"}
-    assert {r["stage"] for r in requests} == {"plan", "execute", "review"}
+    assert len(requests) == 5  # one call per agent
+    # every LLM call of every agent was attributed: agent, role and stage
+    assert all(r["agent_id"] and r["agent_role"] and r["stage"] for r in requests)
+    names = {"planner", "executor-1", "executor-2", "executor-3", "reviewer"}
+    assert {r["agent_id"] for r in requests} == names
+    roles = {r["agent_id"]: r["agent_role"] for r in requests}
+    assert roles["planner"] == "planner" and roles["executor-2"] == "executor"
+    # the hand-offs are in order: plan, then execute, then review
+    order = {"plan": 0, "execute": 1, "review": 2}
+    stages = [order[r["stage"]] for r in requests]
+    assert stages == sorted(stages)
     # agents after the planner found the shared brief already cached where the planner ran
     home = requests[0]["engine"]
-    on_home = [r for r in requests[1:] if r["engine"] == home]
+    on_home = [r for r in requests if r["engine"] == home and r["agent_id"] != "planner"]
     assert on_home, "the router sent no later agent to the planner's engine"
     for r in on_home:
         assert r["cached_tokens"] > r["prompt_tokens"] // 2, r
@@ -72,3 +79,18 @@ async def test_headers_configured_on_the_model_win(sim_api_stack: ApiStack) -> N
     _, _, metadata = sim_api_stack.recorder.seen[-1]
     assert (metadata.workflow_id, metadata.agent_id, metadata.stage) == ("bee-2", "a", "s")
     assert metadata.agent_role == "fixed"
+
+
+async def test_a_beeai_agent_tags_its_calls_with_its_own_name(sim_api_stack: ApiStack) -> None:
+    llm = router_chat_model(
+        sim_api_stack.url, "sim-model", parameters=ChatModelParameters(max_tokens=8)
+    )
+    middleware = HiverouteMiddleware(role="planner")
+    agent = RequirementAgent(llm=llm, name="planner-agent", role="plans", middlewares=[middleware])
+    # the simulator's text is no valid tool call, so the agent may retry; each call is tagged
+    await agent.run("plan it", max_retries_per_step=0, total_max_retries=0)
+    seen = [m for _, _, m in sim_api_stack.recorder.seen]
+    assert seen
+    for metadata in seen:
+        assert (metadata.agent_id, metadata.agent_role) == ("planner-agent", "planner")
+        assert metadata.workflow_id == middleware.last_workflow_id
