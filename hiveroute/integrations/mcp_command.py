@@ -14,58 +14,84 @@ from hiveroute.errors import ConfigError
 from hiveroute.integrations.router_api import RouterClient
 
 DEFAULT_ROUTER = "http://127.0.0.1:8080"
-ROUTER_ENV = "HIVEROUTE_ROUTER_URL"
+ENV_PREFIX = "HIVEROUTE_MCP_"
 
 log = logging.getLogger("hiveroute.mcp")
 
 
+def _env(name: str, default: str | None = None) -> str | None:
+    """A flag's default from HIVEROUTE_MCP_<NAME> (flags given on the command line win)."""
+    return os.environ.get(ENV_PREFIX + name.upper(), default)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Serve hiveroute's MCP tools (generate, register_context, get_context, workflow_status) "
+        "and shared-context resources. Every flag also reads HIVEROUTE_MCP_<FLAG>."
+    )
     parser.add_argument(
         "--transport",
-        choices=("stdio", "http"),
-        default="stdio",
-        help="stdio (spawned by an MCP host; the default) or streamable HTTP",
+        default=_env("transport", "stdio"),
+        help="stdio (spawned by an MCP host; the default) or http (streamable HTTP)",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="HTTP: address to listen on")
-    parser.add_argument("--port", type=int, default=8090, help="HTTP: port (0 picks a free one)")
-    parser.add_argument("--path", default="/mcp", help="HTTP: the MCP endpoint path")
+    parser.add_argument("--host", default=_env("host", "127.0.0.1"), help="HTTP: listen address")
+    parser.add_argument(
+        "--port", default=_env("port", "8090"), help="HTTP: port (0 picks a free one)"
+    )
+    parser.add_argument("--path", default=_env("path", "/mcp"), help="HTTP: the endpoint path")
     parser.add_argument(
         "--router",
-        default=None,
-        help=f"the hiveroute router's URL (default ${ROUTER_ENV} or {DEFAULT_ROUTER})",
-    )
-    parser.add_argument("--model", default=None, help="model for `generate` when none is given")
-    parser.add_argument(
-        "--api-key", default=None, help="bearer token for the router (default $HIVEROUTE_API_KEY)"
+        default=_env("router", os.environ.get("HIVEROUTE_ROUTER_URL", DEFAULT_ROUTER)),
+        help=f"the hiveroute router's URL (default {DEFAULT_ROUTER})",
     )
     parser.add_argument(
-        "--timeout-s", type=float, default=300.0, help="seconds one router call may take"
+        "--model", default=_env("model"), help="model for `generate` when none is given"
     )
     parser.add_argument(
-        "--log-level",
-        default="warning",
-        choices=("debug", "info", "warning", "error"),
-        help="log level (logs go to stderr)",
+        "--api-key",
+        default=_env("api_key", os.environ.get("HIVEROUTE_API_KEY")),
+        help="bearer token the router wants (also $HIVEROUTE_API_KEY)",
     )
+    parser.add_argument(
+        "--timeout-s", default=_env("timeout_s", "300"), help="seconds one router call may take"
+    )
+    parser.add_argument(
+        "--log-level", default=_env("log_level", "warning"), help="debug, info, warning, error"
+    )
+
+
+def _number(value: str, flag: str, kind: type[int] | type[float]) -> float:
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} must be a number, got {value!r}") from None
+
+
+def _validate(args: argparse.Namespace) -> None:
+    """Check every flag (including values that came from the environment)."""
+    if args.transport not in ("stdio", "http"):
+        raise ConfigError(f"--transport must be stdio or http, got {args.transport!r}")
+    args.log_level = str(args.log_level).lower()
+    if args.log_level not in ("debug", "info", "warning", "error"):
+        raise ConfigError(
+            f"--log-level must be debug, info, warning or error, not {args.log_level!r}"
+        )
+    args.port = int(_number(args.port, "--port", int))
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be 0..65535, got {args.port}")
+    args.timeout_s = _number(args.timeout_s, "--timeout-s", float)
+    if args.timeout_s <= 0:
+        raise ConfigError("--timeout-s must be positive")
 
 
 def _router_client(args: argparse.Namespace) -> RouterClient:
-    url = args.router or os.environ.get(ROUTER_ENV) or DEFAULT_ROUTER
-    if args.timeout_s <= 0:
-        raise ConfigError("--timeout-s must be positive")
     try:
-        return RouterClient(
-            url,
-            api_key=args.api_key or os.environ.get("HIVEROUTE_API_KEY"),
-            timeout_s=args.timeout_s,
-        )
+        return RouterClient(args.router, api_key=args.api_key, timeout_s=args.timeout_s)
     except ValueError as exc:
         raise ConfigError(f"--router: {exc}") from None
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"--port must be 0..65535, got {port}")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -111,6 +137,7 @@ async def _serve(args: argparse.Namespace, router: RouterClient) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _validate(args)
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s %(message)s"
     )

@@ -238,17 +238,29 @@ def test_meta_mapping() -> None:
     assert headers["baggage"].startswith("k=v,")
 
 
-def test_cli_refuses_a_bad_router_url() -> None:
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--router", "ftp://x"], {}, "--router"),
+        ([], {"HIVEROUTE_MCP_ROUTER": "ftp://x"}, "http://"),
+        (["--transport", "sse"], {}, "--transport must be stdio or http"),
+        (["--transport", "http"], {"HIVEROUTE_MCP_PORT": "abc"}, "--port must be a number"),
+        (["--port", "70000"], {}, "--port must be 0..65535"),
+        (["--timeout-s", "0"], {}, "--timeout-s must be positive"),
+        (["--log-level", "loud"], {}, "--log-level"),
+    ],
+)
+def test_cli_refuses_bad_settings(argv: list[str], env: dict[str, str], message: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "hiveroute", "mcp", "--router", "ftp://x"],
-        env=server_env(),
+        [sys.executable, "-m", "hiveroute", "mcp", *argv],
+        env={**server_env(), **env},
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 2
-    assert "--router" in done.stderr and "http://" in done.stderr
+    assert message in done.stderr
 
 
 def test_cli_reports_a_port_in_use() -> None:
