@@ -73,7 +73,6 @@ async def api_stack(
 async def sim_api_stack(router_factory: RouterFactory) -> AsyncIterator[ApiStack]:
     """The same stack in front of two simulated engines (real prefix caching, chat templates)."""
     from hiveroute.sim import SimConfig, SimFleet
-
     from tests.support.workflow_api_stub import WorkflowAPIStub
 
     fleet = SimFleet(
