@@ -39,19 +39,34 @@ async def main() -> int:
             print("register_context failed:", spec.content)
         context_ids = [spec.structured_content["id"]] if spec.structured_content else []
         print("registered contexts:", context_ids)
-        for agent in ("planner", "executor-1", "reviewer"):
+        stages = {"planner": "plan", "executor-1": "execute", "reviewer": "review"}
+        for agent, stage in stages.items():
+            agent_meta = {
+                **meta,
+                "io.hiveroute/agentId": agent,
+                "io.hiveroute/agentRole": agent.split("-")[0],
+                "io.hiveroute/stage": stage,
+            }
             result = await session.call_tool(
                 "generate",
                 {"prompt": f"{agent}: do your part", "context_ids": context_ids, "max_tokens": 16},
-                meta={
-                    **meta,
-                    "io.hiveroute/agentId": agent,
-                    "io.hiveroute/agentRole": agent.split("-")[0],
-                },
+                meta=agent_meta,
             )
-            print(agent, "->", result.structured_content if not result.is_error else result.content)
-        status = await session.call_tool("workflow_status", {}, meta=meta)
-        print(json.dumps(status.structured_content, indent=2)[:2000])
+            if result.is_error:
+                print(agent, "failed:", result.content)
+            else:
+                answer = result.structured_content or {}
+                print(f"{agent:<11} request={answer.get('request_id')} usage={answer.get('usage')}")
+        status = await session.call_tool("workflow_status", {"max_requests": 0}, meta=meta)
+        if status.is_error:
+            print("workflow_status failed:", status.content)
+        else:
+            data = status.structured_content or {}
+            for agent in data.get("agents", []):
+                print(
+                    f"  {agent['id']:<11} cross_agent_cached_tokens={agent.get('cross_agent_cached_tokens')}"
+                )
+            print(json.dumps(data.get("totals"), indent=2))
     return 0
 
 
