@@ -11,6 +11,7 @@ from beeai_framework.agents.requirement import RequirementAgent
 from beeai_framework.backend.message import UserMessage
 from beeai_framework.backend.types import ChatModelParameters
 
+from hiveroute.client import workflow
 from hiveroute.integrations.beeai import HiverouteMiddleware, router_chat_model
 from hiveroute.integrations.router_api import RouterClient
 from tests.integrations.conftest import ApiStack
@@ -94,3 +95,19 @@ async def test_a_beeai_agent_tags_its_calls_with_its_own_name(sim_api_stack: Api
     for metadata in seen:
         assert (metadata.agent_id, metadata.agent_role) == ("planner-agent", "planner")
         assert metadata.workflow_id == middleware.last_workflow_id
+
+
+async def test_an_enclosing_client_block_fills_what_the_middleware_leaves_out(
+    sim_api_stack: ApiStack,
+) -> None:
+    llm = router_chat_model(sim_api_stack.url, "sim-model")
+    async with workflow("wf-outer", session="s-1", agent="ignored"):
+        await llm.run([UserMessage("hi")], max_tokens=4).middleware(
+            HiverouteMiddleware(agent="inner")
+        )
+    _, _, metadata = sim_api_stack.recorder.seen[-1]
+    assert (metadata.workflow_id, metadata.session_id, metadata.agent_id) == (
+        "wf-outer",
+        "s-1",
+        "inner",
+    )
