@@ -47,7 +47,7 @@ async def recording_router(
 
 @dataclass
 class ApiStack:
-    """A router (with the workflow/context API) in front of fake engines; `url` is its front."""
+    """A router (with its workflow and context API) in front of engines; `url` is the router."""
 
     url: str
     engines: list[FakeEngine]
@@ -58,22 +58,16 @@ class ApiStack:
 async def api_stack(
     fake_engines: list[FakeEngine], router_factory: RouterFactory
 ) -> AsyncIterator[ApiStack]:
-    from tests.support.workflow_api_stub import WorkflowAPIStub
-
     running = await router_factory([e.url for e in fake_engines])
     recorder = MetadataRecorder()
     running.router.request_hooks.append(recorder)
-    stub = WorkflowAPIStub(running.url)
-    await stub.start()
-    yield ApiStack(url=stub.url, engines=fake_engines, recorder=recorder)
-    await stub.stop()
+    yield ApiStack(url=running.url, engines=fake_engines, recorder=recorder)
 
 
 @pytest.fixture
 async def sim_api_stack(router_factory: RouterFactory) -> AsyncIterator[ApiStack]:
     """The same stack in front of two simulated engines (real prefix caching, chat templates)."""
     from hiveroute.sim import SimConfig, SimFleet
-    from tests.support.workflow_api_stub import WorkflowAPIStub
 
     fleet = SimFleet(
         SimConfig(engines=2, base_port=0, events_base_port=0, preset="fast", host="127.0.0.1")
@@ -83,9 +77,6 @@ async def sim_api_stack(router_factory: RouterFactory) -> AsyncIterator[ApiStack
         running = await router_factory(fleet.engine_spec_texts())
         recorder = MetadataRecorder()
         running.router.request_hooks.append(recorder)
-        stub = WorkflowAPIStub(running.url)
-        await stub.start()
-        yield ApiStack(url=stub.url, engines=[], recorder=recorder)
-        await stub.stop()
+        yield ApiStack(url=running.url, engines=[], recorder=recorder)
     finally:
         await fleet.stop()

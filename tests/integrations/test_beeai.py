@@ -55,7 +55,12 @@ async def test_team_workflow_is_attributed_and_shares_cache(sim_api_stack: ApiSt
     assert on_home, "the router sent no later agent to the planner's engine"
     for r in on_home:
         assert r["cached_tokens"] > r["prompt_tokens"] // 2, r
-    assert sum(a["cached_tokens"] for a in status["agents"] if a["id"] != "planner") > 0
+    # and the router counts those hits as one agent reusing another's cache
+    assert status["totals"]["cross_agent_cached_tokens"] > 0
+    cross = {a["id"]: a["cross_agent_cached_tokens"] for a in status["agents"]}
+    for r in on_home:
+        assert cross[r["agent_id"]] > 0, (r["agent_id"], cross)
+    assert cross["planner"] == 0
     # and the router saw nothing untagged
     assert all(m.workflow_id == "bee-1" for _, _, m in sim_api_stack.recorder.seen if m.agent_id)
 
