@@ -250,6 +250,7 @@ class RouterMetrics:
             ["engine"],
             registry=r,
         )
+        self.state = StateMetrics(r)
 
     def known_engine(self, engine: str) -> None:
         """Export an engine's counters as 0 before their first increment, so rates and ratios
@@ -270,3 +271,36 @@ class RouterMetrics:
         """The current value of one sample (0 if never set), e.g. for the dashboard's JSON."""
         found = self.registry.get_sample_value(name, labels or {})
         return 0.0 if found is None else found
+
+
+class StateMetrics:
+    """The shared-state backend's health: whether replicas share state or serve on local state."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.backend_up = Gauge(
+            "hiveroute_state_backend_up",
+            "1 while the shared state backend (Redis) answers; 0 while this replica serves on "
+            "local state",
+            ["backend"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "hiveroute_state_errors",
+            "State-backend calls that failed or timed out and fell back to local state",
+            ["backend", "reason"],
+            registry=registry,
+        )
+        self.local_operations = Counter(
+            "hiveroute_state_local_operations",
+            "State operations served from this replica's local state while the backend was down",
+            ["backend"],
+            registry=registry,
+        )
+        self.reconciled_keys = Counter(
+            "hiveroute_state_reconciled_keys",
+            "Keys written locally during an outage and reconciled when the backend returned, by "
+            "result (applied, conflict: the backend's value kept, restored: the backend had "
+            "lost its data and got this replica's copy)",
+            ["backend", "result"],
+            registry=registry,
+        )

@@ -176,6 +176,27 @@ class MemoryStateStore:
         end = None if stop == -1 else stop + 1
         return list(found[start:end])
 
+    # mirroring (a cache of another store reads these) -----------------------------------------
+
+    def entry(self, key: str) -> tuple[str | dict[str, str] | list[str] | None, float | None]:
+        """A live key's value (a copy) and its remaining TTL in seconds (None: no TTL)."""
+        if not self._alive(key):
+            return None, None
+        value = self._data[key]
+        copy = (
+            dict(value)
+            if isinstance(value, dict)
+            else list(value)
+            if isinstance(value, list)
+            else value
+        )
+        deadline = self._expiry.get(key)
+        return copy, None if deadline is None else max(0.0, deadline - self.clock())
+
+    def live_keys(self) -> list[str]:
+        """Every live key (for a full copy into another store)."""
+        return [key for key in list(self._data) if self._alive(key)]
+
     async def close(self) -> None:
         self._data.clear()
         self._expiry.clear()

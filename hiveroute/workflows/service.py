@@ -121,7 +121,9 @@ class WorkflowService:
         if "tokenizer" not in services:
             services["tokenizer"] = load_tokenizer(getattr(router.config, "tokenizer", None))
         if "state_store" not in services:
-            services["state_store"] = open_state_store(router.config.state)
+            store = services["state_store"] = open_state_store(router.config.state)
+            if hasattr(store, "start"):  # Redis: health, metrics and connections live with us
+                router.components.append(store)
         service = cls(
             services["state_store"],
             services["tokenizer"],
