@@ -123,7 +123,7 @@ class WorkflowService:
         if "state_store" not in services:
             store = services["state_store"] = open_state_store(router.config.state)
             if hasattr(store, "start"):  # Redis: health, metrics and connections live with us
-                router.components.append(store)
+                router.components.append(store)  # type: ignore[arg-type]
         service = cls(
             services["state_store"],
             services["tokenizer"],
