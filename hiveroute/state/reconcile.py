@@ -10,7 +10,8 @@ that the first replica to find it missing writes):
   are appended. Where Redis' value wins, the local copy takes it.
 - Redis lost its data (restarted without persistence: the marker changed): the replica's whole
   local copy is written back where keys or fields are absent, so replicas fill it in together
-  and the first to write a home engine keeps it.
+  and the first to write a home engine keeps it; where another replica restored a counter
+  first, this replica adds only the increments it made during the outage.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ class Reconciler:
         generation = await store.raw(self.generation)
         results: Counter[str] = Counter()
         if store.generation is not None and generation != store.generation:
-            store.journal.clear()  # the whole copy below carries the outage's changes too
-            await self._restore_all(results)
+            changes, _ = store.journal.take()  # the whole copy below carries them too
+            await self._restore_all(results, dict(changes))
         store.generation = generation
         overflowed = False
         for _ in range(PASSES):
@@ -161,7 +162,7 @@ class Reconciler:
 
     # --- Redis lost its data: write the local copy back where absent ----------------------
 
-    async def _restore_all(self, results: Counter[str]) -> None:
+    async def _restore_all(self, results: Counter[str], changes: dict[str, KeyChange]) -> None:
         store = self.store
         for key in store.local.live_keys():
             value, ttl_s = store.local.entry(key)
@@ -169,8 +170,18 @@ class Reconciler:
             if isinstance(value, str):
                 op = partial(self.redis.set, k, value, nx=True, px=int(px) if px else None)
             elif isinstance(value, dict) and value:
-                flat = [item for pair in value.items() for item in pair]
-                op = partial(store.scripts["RESTORE_HASH"], keys=[k], args=[px, *flat])
+                change = changes.get(key)
+                fields = change.fields if change is not None else {}
+                args = [px]
+                for name, field_value in value.items():
+                    found = fields.get(name)
+                    increment = ""
+                    if found is not None and found.delta is not None:
+                        kind = "f" if found.is_float else "i"
+                        amount = repr(found.delta) if found.is_float else str(int(found.delta))
+                        increment = kind + amount
+                    args += [name, field_value, increment]
+                op = partial(store.scripts["RESTORE_HASH"], keys=[k], args=args)
             elif isinstance(value, list) and value:
                 op = partial(store.scripts["RESTORE_LIST"], keys=[k], args=[px, *value])
             else:

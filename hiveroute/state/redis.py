@@ -234,7 +234,7 @@ class RedisStateStore:
             "until it returns",
             self.options.display,
             type(exc).__name__,
-            exc or f"no answer within {self.timeout_s:.2f} s",
+            str(exc) or f"no answer within {self.timeout_s:.2f} s",
         )
         self._probe = asyncio.get_running_loop().create_task(
             self._probe_loop(), name="redis-state-probe"

@@ -68,11 +68,23 @@ end
 return conflicts
 """
 
-# KEYS[1]; ARGV: px ('' = none), field, value, ... -> fields written (absent ones only)
+# KEYS[1]; ARGV: px ('' = none), then three per field: field, value, increment ('' = none,
+# else 'i' or 'f' and the amount) -> fields written. A field another replica restored first
+# keeps its value plus this replica's outage increments (so counts add up across replicas).
 RESTORE_HASH = """
 local n = 0
-for i = 2, #ARGV, 2 do
-  n = n + redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
+for i = 2, #ARGV, 3 do
+  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
+    n = n + 1
+  elseif ARGV[i + 2] ~= '' then
+    local kind, amount = string.sub(ARGV[i + 2], 1, 1), string.sub(ARGV[i + 2], 2)
+    if kind == 'f' then
+      redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], amount)
+    else
+      redis.call('HINCRBY', KEYS[1], ARGV[i], amount)
+    end
+    n = n + 1
+  end
 end
 if n > 0 and ARGV[1] ~= '' and redis.call('PTTL', KEYS[1]) == -1 then
   redis.call('PEXPIRE', KEYS[1], ARGV[1])
