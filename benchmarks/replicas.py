@@ -12,7 +12,7 @@ fresh simulator (empty caches) and a flushed Redis. Keep-warm is off so only rou
 
 Measured per configuration: prefix-cache hit rate (cached / prompt tokens, from the engines'
 usage), TTFT p50/p99 at the client (first streamed token), how many engines a workflow's
-requests touched. Prints a table and writes benchmarks/results/replicas.md.
+requests touched, and the routers' own overhead (which includes the state-store round trips). Prints a table and writes benchmarks/results/replicas.md.
 """
 
 from __future__ import annotations
@@ -260,9 +260,20 @@ async def run_config(
             async with http.get(f"{engine_urls[0]}/v1/models") as resp:
                 model = (await resp.json())["data"][0]["id"]
             run = await Driver(http, replicas, model, args).run_all(seed)
+            overhead_sum = overhead_count = 0.0
+            for replica in replicas:
+                async with http.get(f"{replica}/metrics") as resp:
+                    for line in (await resp.text()).splitlines():
+                        name, _, value = line.rpartition(" ")
+                        if name.startswith("hiveroute_router_overhead_seconds_sum"):
+                            overhead_sum += float(value)
+                        elif name.startswith("hiveroute_router_overhead_seconds_count"):
+                            overhead_count += float(value)
         finally:
             stop(procs)
-    return summarize(config, run)
+    row = summarize(config, run)
+    row["overhead_ms"] = 1000 * overhead_sum / overhead_count if overhead_count else float("nan")
+    return row
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -306,6 +317,7 @@ COLUMNS = [
     ("ttft_p99_ms", "TTFT p99 (ms)", "{:.0f}"),
     ("engines_per_workflow", "engines / workflow", "{:.2f}"),
     ("on_main_engine", "requests on the workflow's main engine", "{:.1%}"),
+    ("overhead_ms", "router overhead, mean (ms)", "{:.1f}"),
     ("wall_s", "wall (s)", "{:.1f}"),
 ]
 
@@ -375,6 +387,8 @@ replicas with nothing shared.
 
 "engines / workflow": distinct engines a workflow's requests went to. "requests on the
 workflow's main engine": share of requests that went to the engine its workflow used most.
+"router overhead": `hiveroute_router_overhead_seconds` (request in to request sent upstream:
+parsing, workflow bookkeeping in the state store, routing), mean over every replica.
 
 {chr(10).join(reading)}
 
@@ -387,7 +401,7 @@ and this load generator, so it includes their CPU contention; compare rows, not 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workflows", type=int, default=40)
+    parser.add_argument("--workflows", type=int, default=96)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--fanout", type=int, default=4)
     parser.add_argument("--context-words", type=int, default=1500)

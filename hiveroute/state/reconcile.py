@@ -77,12 +77,17 @@ class Reconciler:
                     raise
                 results[result] += 1
                 self._count(result)
+        left = len(store.journal)
+        if left:  # writes outpaced the passes: these stay local rather than go back stale
+            store.journal.clear()
         parts = [f"{n} key(s) {result}" for result, n in sorted(results.items())]
         summary = "reconciled " + (", ".join(parts) if parts else "nothing")
         if results["restored"]:
             summary += " (Redis had lost its data: this replica's copy was written back)"
         if overflowed:
             summary += "; the outage journal was full, later local writes stay local"
+        if left:
+            summary += f"; {left} key(s) changed during reconciliation stay local"
         return summary
 
     def _count(self, result: str) -> None:
