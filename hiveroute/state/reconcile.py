@@ -22,6 +22,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from hiveroute.state.journal import KeyChange
+from hiveroute.state.redis_scripts import cas_args
 
 if TYPE_CHECKING:
     from hiveroute.state.redis import RedisStateStore
@@ -104,7 +105,13 @@ class Reconciler:
             final = value if isinstance(value, str) else None
             if final == change.base:
                 result = "unchanged"
-            elif not await store.cas(key, change.base, final, None, call=store.raw):
+            elif not await store.raw(
+                partial(
+                    store.scripts["COMPARE_AND_SET"],
+                    keys=[store.k(key)],
+                    args=cas_args(change.base, final, None),
+                )
+            ):
                 result = "conflict"
         elif change.kind == "hash":
             result = await self._merge_hash(key, change, value if isinstance(value, dict) else {})

@@ -27,13 +27,15 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from hiveroute.errors import ConfigError
 from hiveroute.state import redis_scripts as lua
+from hiveroute.state.autopipeline import AutoPipeline
 from hiveroute.state.journal import DEFAULT_MAX_KEYS, Journal
 from hiveroute.state.memory import MemoryStateStore
 from hiveroute.state.reconcile import Reconciler
+from hiveroute.state.redis_scripts import cas_args
 
 if TYPE_CHECKING:
     from hiveroute.gateway.router import Router
@@ -135,6 +137,7 @@ class RedisStateStore:
             socket_connect_timeout=self.timeout_s,
             retry=Retry(NoBackoff(), 0),
         )
+        self.pipeline = AutoPipeline(self.redis)
         self.local = MemoryStateStore()
         self.journal = Journal(self.local, max_keys=journal_max_keys)
         self.metrics: StateMetrics | None = None
@@ -185,6 +188,7 @@ class RedisStateStore:
             self._probe.cancel()
             await asyncio.gather(self._probe, return_exceptions=True)
             self._probe = None
+        await self.pipeline.close()
         await self.redis.aclose()
         await self.local.close()
 
@@ -196,7 +200,8 @@ class RedisStateStore:
     async def raw(self, op: Callable[[], Awaitable[T]], *, timeout_s: float | None = None) -> T:
         """One bounded call to Redis; WRONGTYPE becomes TypeError like the memory store's."""
         try:
-            return await asyncio.wait_for(op(), timeout_s or self.timeout_s)
+            async with asyncio.timeout(timeout_s or self.timeout_s):  # no task per call
+                return await op()
         except ResponseError as exc:
             if str(exc).startswith("WRONGTYPE"):
                 raise TypeError(f"state key holds another type: {exc}") from None
@@ -268,6 +273,18 @@ class RedisStateStore:
 
     # --- strings --------------------------------------------------------------------------
 
+    def send(self, add: Callable[[Any], Any], n: int = 1) -> Callable[[], Awaitable[Any]]:
+        """A call for `self.call`: `n` commands that `add` queues, sent with concurrent ones."""
+        return lambda: self.pipeline.run(add, n)
+
+    async def script(self, name: str, key: str, args: list[Any]) -> Any:
+        """Run a Lua script by its SHA in the shared pipeline (loading it if Redis lacks it)."""
+        sha = self.scripts[name].sha
+        try:
+            return await self.call(self.send(lambda p: p.evalsha(sha, 1, self.k(key), *args)))
+        except NoScriptError:  # a Redis that restarted: load it once, then run it
+            return await self.call(lambda: self.scripts[name](keys=[self.k(key)], args=args))
+
     async def _mirror_string(self, key: str, value: str | None, pttl: int) -> None:
         if value is None:
             await self.local.delete(key)
@@ -275,17 +292,9 @@ class RedisStateStore:
             await self.local.set(key, value, ttl_s=pttl / 1000 if pttl > 0 else None)
 
     async def get(self, key: str) -> str | None:
-        async def op() -> list[Any]:
-            result: list[Any] = (
-                await self.redis.pipeline(transaction=False)
-                .get(self.k(key))
-                .pttl(self.k(key))
-                .execute()
-            )
-            return result
-
+        k = self.k(key)
         try:
-            value, pttl = await self.call(op)
+            value, pttl = await self.call(self.send(lambda p: p.get(k).pttl(k), 2))
         except BackendDown:
             return await self.local.get(key)
         await self._mirror_string(key, value, pttl)
@@ -293,7 +302,7 @@ class RedisStateStore:
 
     async def set(self, key: str, value: str, *, ttl_s: float | None = None) -> None:
         try:
-            await self.call(lambda: self.redis.set(self.k(key), value, px=px(ttl_s)))
+            await self.call(self.send(lambda p: p.set(self.k(key), value, px=px(ttl_s))))
         except BackendDown:
             self.journal.string(key)
         await self.local.set(key, value, ttl_s=ttl_s)
@@ -301,7 +310,9 @@ class RedisStateStore:
     async def set_if_absent(self, key: str, value: str, *, ttl_s: float | None = None) -> bool:
         try:
             done = bool(
-                await self.call(lambda: self.redis.set(self.k(key), value, nx=True, px=px(ttl_s)))
+                await self.call(
+                    self.send(lambda p: p.set(self.k(key), value, nx=True, px=px(ttl_s)))
+                )
             )
         except BackendDown:
             self.journal.string(key)
@@ -314,7 +325,9 @@ class RedisStateStore:
         self, key: str, expected: str | None, value: str, *, ttl_s: float | None = None
     ) -> bool:
         try:
-            done = await self.cas(key, expected, value, px(ttl_s), call=self.call)
+            done = bool(
+                await self.script("COMPARE_AND_SET", key, cas_args(expected, value, px(ttl_s)))
+            )
         except BackendDown:
             self.journal.string(key)
             return await self.local.compare_and_set(key, expected, value, ttl_s=ttl_s)
@@ -322,32 +335,11 @@ class RedisStateStore:
             await self.local.set(key, value, ttl_s=ttl_s)
         return done
 
-    async def cas(
-        self,
-        key: str,
-        expected: str | None,
-        value: str | None,
-        px_ms: int | None,
-        *,
-        call: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]],
-    ) -> bool:
-        """Set (or with `value` None, delete) `key` if it holds `expected` (None: absent)."""
-        args = [
-            "0" if expected is None else "1",
-            expected or "",
-            "0" if value is None else "1",
-            value or "",
-            "" if px_ms is None else str(px_ms),
-        ]
-        return bool(
-            await call(lambda: self.scripts["COMPARE_AND_SET"](keys=[self.k(key)], args=args))
-        )
-
     async def delete(self, *keys: str) -> int:
         if not keys:
             return 0
         try:
-            removed: int = await self.call(lambda: self.redis.delete(*map(self.k, keys)))
+            removed: int = await self.call(self.send(lambda p: p.delete(*map(self.k, keys))))
         except BackendDown:
             for key in keys:
                 self.journal.deleted(key)
@@ -356,19 +348,13 @@ class RedisStateStore:
         return removed
 
     async def expire(self, key: str, ttl_s: float | None) -> bool:
-        async def op() -> bool:
-            if ttl_s is None:
-                exists, _ = (
-                    await self.redis.pipeline(transaction=False)
-                    .exists(self.k(key))
-                    .persist(self.k(key))
-                    .execute()
-                )
-                return bool(exists)
-            return bool(await self.redis.pexpire(self.k(key), px(ttl_s)))
-
+        k = self.k(key)
         try:
-            found = await self.call(op)
+            if ttl_s is None:
+                exists, _ = await self.call(self.send(lambda p: p.exists(k).persist(k), 2))
+                found = bool(exists)
+            else:
+                found = bool(await self.call(self.send(lambda p: p.pexpire(k, px(ttl_s)))))
         except BackendDown:
             self.journal.renewed(key)
             return await self.local.expire(key, ttl_s)
@@ -398,7 +384,7 @@ class RedisStateStore:
 
     async def hget(self, key: str, field: str) -> str | None:
         try:
-            value: str | None = await self.call(lambda: self.redis.hget(self.k(key), field))
+            value: str | None = await self.call(self.send(lambda p: p.hget(self.k(key), field)))
         except BackendDown:
             return await self.local.hget(key, field)
         if isinstance(self.local.entry(key)[0], dict):  # refresh a hash mirrored already
@@ -409,17 +395,9 @@ class RedisStateStore:
         return value
 
     async def hgetall(self, key: str) -> dict[str, str]:
-        async def op() -> list[Any]:
-            result: list[Any] = (
-                await self.redis.pipeline(transaction=False)
-                .hgetall(self.k(key))
-                .pttl(self.k(key))
-                .execute()
-            )
-            return result
-
+        k = self.k(key)
         try:
-            mapping, pttl = await self.call(op)
+            mapping, pttl = await self.call(self.send(lambda p: p.hgetall(k).pttl(k), 2))
         except BackendDown:
             return await self.local.hgetall(key)
         await self.mirror_hash(key, mapping, pttl)
@@ -436,7 +414,7 @@ class RedisStateStore:
         if not mapping:
             return
         try:
-            await self.call(lambda: self.redis.hset(self.k(key), mapping=mapping))
+            await self.call(self.send(lambda p: p.hset(self.k(key), mapping=mapping)))
         except BackendDown:
             self.journal.fields(key, list(mapping))
         await self.local.hset(key, mapping)
@@ -445,7 +423,7 @@ class RedisStateStore:
         if not fields:
             return 0
         try:
-            removed: int = await self.call(lambda: self.redis.hdel(self.k(key), *fields))
+            removed: int = await self.call(self.send(lambda p: p.hdel(self.k(key), *fields)))
         except BackendDown:
             self.journal.fields(key, list(fields))
             return await self.local.hdel(key, *fields)
@@ -454,7 +432,7 @@ class RedisStateStore:
 
     async def hincrby(self, key: str, field: str, amount: int = 1) -> int:
         try:
-            value = int(await self.call(lambda: self.redis.hincrby(self.k(key), field, amount)))
+            value = int(await self.call(self.send(lambda p: p.hincrby(self.k(key), field, amount))))
         except BackendDown:
             self.journal.increment(key, field, amount, is_float=False)
             return await self.local.hincrby(key, field, amount)
@@ -464,7 +442,7 @@ class RedisStateStore:
     async def hincrbyfloat(self, key: str, field: str, amount: float) -> float:
         try:
             value = float(
-                await self.call(lambda: self.redis.hincrbyfloat(self.k(key), field, amount))
+                await self.call(self.send(lambda p: p.hincrbyfloat(self.k(key), field, amount)))
             )
         except BackendDown:
             self.journal.increment(key, field, amount, is_float=True)
@@ -478,9 +456,7 @@ class RedisStateStore:
         if max_len <= 0:
             raise ValueError("max_len must be positive")
         try:
-            dropped = await self.call(
-                lambda: self.scripts["PUSH_BOUNDED"](keys=[self.k(key)], args=[max_len, value])
-            )
+            dropped = await self.script("PUSH_BOUNDED", key, [max_len, value])
         except BackendDown:
             self.journal.push(key, value, max_len)
             return await self.local.push_bounded(key, value, max_len)
@@ -489,7 +465,9 @@ class RedisStateStore:
 
     async def lrange(self, key: str, start: int = 0, stop: int = -1) -> list[str]:
         try:
-            values: list[str] = await self.call(lambda: self.redis.lrange(self.k(key), start, stop))
+            values: list[str] = await self.call(
+                self.send(lambda p: p.lrange(self.k(key), start, stop))
+            )
         except BackendDown:
             return await self.local.lrange(key, start, stop)
         return values

@@ -25,6 +25,18 @@ end
 return 1
 """
 
+
+def cas_args(expected: str | None, value: str | None, px_ms: int | None) -> list[str]:
+    """COMPARE_AND_SET's arguments: set (or with `value` None, delete) if `expected` is held."""
+    return [
+        "0" if expected is None else "1",
+        expected or "",
+        "0" if value is None else "1",
+        value or "",
+        "" if px_ms is None else str(px_ms),
+    ]
+
+
 # KEYS[1]; ARGV: max_len, value... -> the values that fell off the front
 PUSH_BOUNDED = """
 local n = redis.call('RPUSH', KEYS[1], unpack(ARGV, 2))

@@ -192,3 +192,22 @@ def test_url_options_are_checked() -> None:
     ):
         with pytest.raises(ConfigError):
             parse_redis_url(bad)
+
+
+async def test_concurrent_calls_share_pipelines_and_errors_stay_their_own(
+    redis_server: RedisServer,
+) -> None:
+    store = RedisStateStore(redis_server.url + "?timeout_s=5")
+    try:
+        await store.set("s", "x")
+        results = await asyncio.gather(
+            *(store.hincrby("h", "n", 1) for _ in range(50)),
+            store.hget("s", "field"),  # a string, not a hash: this call alone fails
+            store.get("s"),
+            return_exceptions=True,
+        )
+        assert sorted(results[:50]) == list(range(1, 51))
+        assert isinstance(results[50], TypeError) and results[51] == "x"
+        assert await store.hget("h", "n") == "50" and store.up
+    finally:
+        await store.close()
