@@ -1,51 +1,77 @@
-"""Automatic pipelining: Redis commands issued in the same event-loop turn travel together.
+"""Automatic pipelining: Redis commands that queue up while one is in flight travel together.
 
 Each request's workflow bookkeeping is a few dozen small commands, and concurrent requests issue
 them at the same time. Sent one by one, every command costs a write, a read and a parse (about
-70-150 us of the router's CPU with redis-py); queued and flushed as one pipeline they cost a
-fraction of that, and a command waits at most one loop turn longer. Order is kept: a caller
-awaits each command before it issues the next, and batches go out in the order they filled.
+70-150 us of the router's CPU with redis-py); queued and sent as one pipeline they cost a
+fraction of that. A command issued while nothing is in flight goes out at once, in its
+caller's turn of the event loop (no added latency when idle); commands issued while a batch is
+in flight wait for it and then go out together. Order is kept: a caller awaits each command
+before it issues the next, and batches go out in the order they filled.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 MAX_BATCH = 512  # commands per pipeline
 
 Adder = Callable[[Any], Any]  # queues commands on a pipeline
+Entry = tuple[Adder, int, "asyncio.Future[Any]"]
 
 
 class AutoPipeline:
     def __init__(self, redis: Any) -> None:
         self.redis = redis
-        self._pending: list[tuple[Adder, int, asyncio.Future[Any]]] = []
-        self._queued = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: deque[Entry] = deque()
+        self._busy = False  # a batch is in flight
+        self._drainer: asyncio.Task[None] | None = None
 
     async def run(self, add: Adder, n: int = 1) -> Any:
         """Queue the `n` commands `add` puts on a pipeline; their reply (n == 1) or replies."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        if not self._pending:
-            loop.call_soon(self._flush)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append((add, n, future))
-        self._queued += n
-        if self._queued >= MAX_BATCH:
-            self._flush()
+        if not self._busy:  # idle: this caller sends now, with whatever else is queued
+            self._busy = True
+            try:
+                await self._send(self._take())
+            except BaseException:  # cancelled: its own reply is not wanted any more
+                if future.done() and not future.cancelled():
+                    future.exception()
+                raise
+            finally:
+                self._next()
         return await future
 
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        batch, self._pending, self._queued = self._pending, [], 0
-        task = asyncio.get_running_loop().create_task(self._send(batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _take(self) -> list[Entry]:
+        batch: list[Entry] = []
+        count = 0
+        while self._pending and count < MAX_BATCH:
+            entry = self._pending.popleft()
+            batch.append(entry)
+            count += entry[1]
+        return batch
 
-    async def _send(self, batch: list[tuple[Adder, int, asyncio.Future[Any]]]) -> None:
+    def _next(self) -> None:
+        """After a batch: commands queued meanwhile go out from a task; else idle again."""
+        if self._pending:
+            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+        else:
+            self._busy = False
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                await self._send(self._take())
+        finally:
+            self._busy = False
+            self._drainer = None
+
+    async def _send(self, batch: list[Entry]) -> None:
         live = [entry for entry in batch if not entry[2].done()]  # callers that gave up
         if not live:
             return
@@ -59,9 +85,10 @@ class AutoPipeline:
                 if not future.done():
                     future.set_exception(exc)
             return
-        except BaseException:  # cancelled (closing): so are the callers
+        except BaseException:  # the sending caller was cancelled (its timeout): so is Redis
             for _, _, future in live:
-                future.cancel()
+                if not future.done():
+                    future.set_exception(RedisTimeoutError("no answer in time"))
             raise
         at = 0
         for _, n, future in live:
@@ -76,10 +103,10 @@ class AutoPipeline:
                 future.set_result(mine[0] if n == 1 else mine)
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._drainer is not None:
+            self._drainer.cancel()
+            await asyncio.gather(self._drainer, return_exceptions=True)
         for _, _, future in self._pending:
             if not future.done():
                 future.cancel()
-        self._pending = []
+        self._pending.clear()
