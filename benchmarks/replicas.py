@@ -225,7 +225,8 @@ class Config:
 
 async def run_config(
     config: Config, seed: int, redis: RedisServer, args: Any, logs: Path
-) -> dict[str, Any]:
+) -> tuple[Run, float]:
+    """One run of `config`: its samples and the replicas' mean router overhead (ms)."""
     procs: list[subprocess.Popen[bytes]] = []
     python = sys.executable
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
@@ -271,9 +272,8 @@ async def run_config(
                             overhead_count += float(value)
         finally:
             stop(procs)
-    row = summarize(config, run)
-    row["overhead_ms"] = 1000 * overhead_sum / overhead_count if overhead_count else float("nan")
-    return row
+    overhead = 1000 * overhead_sum / overhead_count if overhead_count else float("nan")
+    return run, overhead
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -283,26 +283,27 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def summarize(config: Config, run: Run) -> dict[str, Any]:
+def summarize(config: Config, runs: list[Run], overheads: list[float]) -> dict[str, Any]:
+    samples = [s for run in runs for s in run.samples]
     per_workflow: dict[str, list[str]] = defaultdict(list)
-    for s in run.samples:
+    for s in samples:
         per_workflow[s.workflow].append(s.engine)
-    prompt = sum(s.prompt_tokens for s in run.samples)
-    cached = sum(s.cached_tokens for s in run.samples)
+    prompt = sum(s.prompt_tokens for s in samples)
+    cached = sum(s.cached_tokens for s in samples)
     on_main = sum(max(engines.count(e) for e in set(engines)) for engines in per_workflow.values())
-    ttfts = [s.ttft_s for s in run.samples]
+    ttfts = [s.ttft_s for s in samples]
     return {
         "config": config.label,
-        "requests": len(run.samples),
-        "failures": run.failures,
+        "requests": len(samples),
+        "failures": sum(run.failures for run in runs),
         "hit_rate": cached / prompt if prompt else 0.0,
         "ttft_p50_ms": 1000 * percentile(ttfts, 0.50),
         "ttft_p99_ms": 1000 * percentile(ttfts, 0.99),
         "engines_per_workflow": sum(len(set(e)) for e in per_workflow.values())
         / max(1, len(per_workflow)),
-        "on_main_engine": on_main / max(1, len(run.samples)),
-        "wall_s": run.wall_s,
-        "first_error": run.first_error,
+        "on_main_engine": on_main / max(1, len(samples)),
+        "overhead_ms": sum(overheads) / max(1, len(overheads)),
+        "wall_s": sum(run.wall_s for run in runs) / max(1, len(runs)),
     }
 
 
@@ -318,7 +319,7 @@ COLUMNS = [
     ("engines_per_workflow", "engines / workflow", "{:.2f}"),
     ("on_main_engine", "requests on the workflow's main engine", "{:.1%}"),
     ("overhead_ms", "router overhead, mean (ms)", "{:.1f}"),
-    ("wall_s", "wall (s)", "{:.1f}"),
+    ("wall_s", "wall per run (s)", "{:.1f}"),
 ]
 
 
@@ -375,7 +376,8 @@ Date: {datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
 Machine: {machine()}
 Command: `{command}`
 
-Workload: {args.workflows} workflows, {args.concurrency} at a time; each a planner, {args.fanout}
+Workload, run {args.rounds} time(s) per configuration (configurations interleaved; the table
+pools the runs): {args.workflows} workflows, {args.concurrency} at a time; each a planner, {args.fanout}
 executors in parallel, a validator (6 requests), every prompt starting with the workflow's
 shared context of {args.context_words} words; {args.max_tokens} output tokens per request.
 Engines: {ENGINES} simulated engines (`hiveroute sim --preset {args.preset}`, fresh for each
@@ -409,33 +411,44 @@ async def main() -> None:
     parser.add_argument("--preset", default="llama-8b-h100")
     parser.add_argument("--replicas", default="1,2,4", help="replica counts sharing Redis")
     parser.add_argument("--no-controls", action="store_true", help="skip the memory rows")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="runs of every configuration, interleaved"
+    )
     parser.add_argument("--quick", action="store_true", help="a small run (12 workflows)")
     args = parser.parse_args()
     if args.quick:
-        args.workflows, args.concurrency = 12, 4
+        args.workflows, args.concurrency, args.rounds = 12, 4, 1
     configs = [Config(int(n), True) for n in args.replicas.split(",")]
     if not args.no_controls:
         configs = [Config(1, False), *configs, Config(4, False)]
     command = "python benchmarks/replicas.py " + shlex.join(sys.argv[1:])
-    rows = []
+    runs: dict[str, list[tuple[Run, float]]] = defaultdict(list)
     with tempfile.TemporaryDirectory(prefix="hiveroute-replicas-") as tmp:
         logs = Path(tmp)
         redis = RedisServer(workdir=logs)
         redis.start()
         try:
-            for seed, config in enumerate(configs):
-                row = await run_config(config, seed, redis, args, logs)
-                rows.append(row)
-                print(
-                    f"{row['config']:<32} hit {row['hit_rate']:6.1%}  "
-                    f"TTFT p50 {row['ttft_p50_ms']:6.0f} ms  p99 {row['ttft_p99_ms']:6.0f} ms  "
-                    f"engines/wf {row['engines_per_workflow']:.2f}  failed {row['failures']}",
-                    flush=True,
-                )
-                if row["first_error"]:
-                    print(f"  first failure: {row['first_error']}", flush=True)
+            for round_ in range(args.rounds):  # interleaved: a noisy neighbour hits all alike
+                for index, config in enumerate(configs):
+                    seed = round_ * len(configs) + index
+                    run, overhead = await run_config(config, seed, redis, args, logs)
+                    runs[config.label].append((run, overhead))
+                    row = summarize(config, [run], [overhead])
+                    print(
+                        f"round {round_ + 1}: {row['config']:<32} hit {row['hit_rate']:6.1%}  "
+                        f"TTFT p50 {row['ttft_p50_ms']:5.0f} ms  p99 {row['ttft_p99_ms']:5.0f} ms"
+                        f"  engines/wf {row['engines_per_workflow']:.2f}  "
+                        f"overhead {row['overhead_ms']:.1f} ms  failed {row['failures']}",
+                        flush=True,
+                    )
+                    if run.first_error:
+                        print(f"  first failure: {run.first_error}", flush=True)
         finally:
             redis.stop()
+    rows = [
+        summarize(config, [r for r, _ in runs[config.label]], [o for _, o in runs[config.label]])
+        for config in configs
+    ]
     print(table(rows))
     print(f"wrote {write_report(rows, args, command)}")
 
