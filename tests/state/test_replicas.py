@@ -140,7 +140,7 @@ async def test_redis_outage_keeps_requests_succeeding_and_reconciles(
     urls = [e.url for e in engines]
     options: dict[str, Any] = {
         "policy": "workflow",
-        "state": redis_server.url + "?timeout_s=0.5&probe_s=0.1",
+        "state": redis_server.url + "?timeout_s=2&probe_s=0.1",
         "health_interval_s": 60,
     }
     a = await router_factory(urls, **options)
@@ -201,7 +201,7 @@ async def test_a_partitioned_replica_adopts_the_home_chosen_elsewhere(
     urls = [e.url for e in engines]
     options: dict[str, Any] = {"policy": "workflow", "health_interval_s": 60}
     a = await router_factory(urls, state=redis_server.url + "?timeout_s=5", **options)
-    b = await router_factory(urls, state=proxy.url + "?timeout_s=0.3&probe_s=0.1", **options)
+    b = await router_factory(urls, state=proxy.url + "?timeout_s=1&probe_s=0.1", **options)
     low, mid, top = names(a)
     try:
         proxy.set_mode("hang")  # b loses Redis; a still has it
