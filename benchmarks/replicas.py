@@ -348,6 +348,21 @@ def machine() -> str:
     )
 
 
+def code_version() -> str:
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+    return f"{commit}{' (with uncommitted changes)' if dirty else ''}"
+
+
 def write_report(rows: list[dict[str, Any]], args: Any, command: str) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "replicas.md"
@@ -363,6 +378,14 @@ def write_report(rows: list[dict[str, Any]], args: Any, command: str) -> Path:
             f"{four['ttft_p50_ms']:.0f}/{four['ttft_p99_ms']:.0f} ms against "
             f"{one['ttft_p50_ms']:.0f}/{one['ttft_p99_ms']:.0f} ms."
         )
+    if one and shared.get(Config(1, False).label):
+        alone = shared[Config(1, False).label]
+        reading.append(
+            f"- Router overhead with Redis is {one['overhead_ms']:.1f} ms a request (memory: "
+            f"{alone['overhead_ms']:.1f} ms): the workflow bookkeeping makes about a dozen "
+            "sequential state-store calls before a request is routed, and on this busy machine "
+            "each round trip to the Redis process waits for a CPU."
+        )
     if four_mem and four:
         reading.append(
             f"- Without shared state, 4 replicas spread each workflow over "
@@ -374,6 +397,7 @@ def write_report(rows: list[dict[str, Any]], args: Any, command: str) -> Path:
 
 Date: {datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
 Machine: {machine()}
+Code: {code_version()}
 Command: `{command}`
 
 Workload, run {args.rounds} time(s) per configuration (configurations interleaved; the table
@@ -421,7 +445,7 @@ async def main() -> None:
     configs = [Config(int(n), True) for n in args.replicas.split(",")]
     if not args.no_controls:
         configs = [Config(1, False), *configs, Config(4, False)]
-    command = "python benchmarks/replicas.py " + shlex.join(sys.argv[1:])
+    command = shlex.join(["python", "benchmarks/replicas.py", *sys.argv[1:]])
     runs: dict[str, list[tuple[Run, float]]] = defaultdict(list)
     with tempfile.TemporaryDirectory(prefix="hiveroute-replicas-") as tmp:
         logs = Path(tmp)
