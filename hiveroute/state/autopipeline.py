@@ -102,6 +102,13 @@ class AutoPipeline:
             else:
                 future.set_result(mine[0] if n == 1 else mine)
 
+    def fail_pending(self, exc: Exception) -> None:
+        """Fail every command not yet sent (Redis is down: their callers go local at once)."""
+        while self._pending:
+            future = self._pending.popleft()[2]
+            if not future.done():
+                future.set_exception(exc)
+
     async def close(self) -> None:
         if self._drainer is not None:
             self._drainer.cancel()

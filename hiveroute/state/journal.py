@@ -61,7 +61,7 @@ class Journal:
             return None
         if found is not None and found.kind != "ttl":  # the key changed type: keep the newest
             del self.changes[key]
-        base = self.local.entry(key)[0] if kind == "string" else None
+        base = self.local.entry(key, copy=False)[0] if kind == "string" else None
         change = KeyChange(kind=kind, base=base if isinstance(base, str) else None)
         self.changes[key] = change
         return change
@@ -75,7 +75,7 @@ class Journal:
         change = self._change(key, "hash")
         if change is None:
             return
-        current = self.local.entry(key)[0]
+        current = self.local.entry(key, copy=False)[0]
         current = current if isinstance(current, dict) else {}
         for name in names:
             found = change.fields.get(name)
@@ -106,7 +106,7 @@ class Journal:
         change.max_len = max_len
 
     def deleted(self, key: str) -> None:
-        value = self.local.entry(key)[0]
+        value = self.local.entry(key, copy=False)[0]
         if isinstance(value, dict):
             self.fields(key, list(value))
         elif isinstance(value, list):

@@ -178,20 +178,20 @@ class MemoryStateStore:
 
     # mirroring (a cache of another store reads these) -----------------------------------------
 
-    def entry(self, key: str) -> tuple[str | dict[str, str] | list[str] | None, float | None]:
-        """A live key's value (a copy) and its remaining TTL in seconds (None: no TTL)."""
+    def entry(
+        self, key: str, *, copy: bool = True
+    ) -> tuple[str | dict[str, str] | list[str] | None, float | None]:
+        """A live key's value and its remaining TTL in seconds (None: no TTL). The value is a
+        copy unless `copy` is False (then the caller must not change it)."""
         if not self._alive(key):
             return None, None
         value = self._data[key]
-        copy = (
-            dict(value)
-            if isinstance(value, dict)
-            else list(value)
-            if isinstance(value, list)
-            else value
-        )
+        if copy and isinstance(value, dict):
+            value = dict(value)
+        elif copy and isinstance(value, list):
+            value = list(value)
         deadline = self._expiry.get(key)
-        return copy, None if deadline is None else max(0.0, deadline - self.clock())
+        return value, None if deadline is None else max(0.0, deadline - self.clock())
 
     def live_keys(self) -> list[str]:
         """Every live key (for a full copy into another store)."""

@@ -27,6 +27,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from hiveroute.errors import ConfigError
@@ -197,24 +198,41 @@ class RedisStateStore:
     def k(self, key: str) -> str:
         return self.prefix + key
 
-    async def raw(self, op: Callable[[], Awaitable[T]], *, timeout_s: float | None = None) -> T:
-        """One bounded call to Redis; WRONGTYPE becomes TypeError like the memory store's."""
+    async def raw(
+        self,
+        op: Callable[[], Awaitable[T]],
+        *,
+        timeout_s: float | None = None,
+        socket_bound: bool = False,
+    ) -> T:
+        """One bounded call to Redis; WRONGTYPE becomes TypeError like the memory store's.
+
+        `socket_bound`: the call is a pipelined batch, which redis-py's socket timeouts
+        (`timeout_s` to connect and for each reply) bound already."""
         try:
-            async with asyncio.timeout(timeout_s or self.timeout_s):  # no task per call
+            if socket_bound:
+                return await op()
+            async with asyncio.timeout(timeout_s or self.timeout_s):
                 return await op()
         except ResponseError as exc:
             if str(exc).startswith("WRONGTYPE"):
                 raise TypeError(f"state key holds another type: {exc}") from None
             raise
 
-    async def call(self, op: Callable[[], Awaitable[T]], *, timeout_s: float | None = None) -> T:
+    async def call(
+        self,
+        op: Callable[[], Awaitable[T]],
+        *,
+        timeout_s: float | None = None,
+        socket_bound: bool = False,
+    ) -> T:
         """`raw`, or BackendDown at once while Redis is down (the caller goes local)."""
         if not self.up:
             if self.metrics is not None:
                 self.metrics.local_operations.labels(self.name).inc()
             raise BackendDown
         try:
-            return await self.raw(op, timeout_s=timeout_s)
+            return await self.raw(op, timeout_s=timeout_s, socket_bound=socket_bound)
         except ResponseError:
             raise
         except FAILURES as exc:
@@ -231,6 +249,7 @@ class RedisStateStore:
             return
         self.up = False
         self.down_since = time.monotonic()
+        self.pipeline.fail_pending(RedisConnectionError("Redis is unreachable"))
         if self.metrics is not None:
             self.metrics.backend_up.labels(self.name).set(0)
             self.metrics.local_operations.labels(self.name).inc()
@@ -273,15 +292,15 @@ class RedisStateStore:
 
     # --- strings --------------------------------------------------------------------------
 
-    def send(self, add: Callable[[Any], Any], n: int = 1) -> Callable[[], Awaitable[Any]]:
-        """A call for `self.call`: `n` commands that `add` queues, sent with concurrent ones."""
-        return lambda: self.pipeline.run(add, n)
+    async def queued(self, add: Callable[[Any], Any], n: int = 1) -> Any:
+        """`n` commands that `add` queues on a pipeline, sent with concurrent callers' ones."""
+        return await self.call(lambda: self.pipeline.run(add, n), socket_bound=True)
 
     async def script(self, name: str, key: str, args: list[Any]) -> Any:
         """Run a Lua script by its SHA in the shared pipeline (loading it if Redis lacks it)."""
         sha = self.scripts[name].sha
         try:
-            return await self.call(self.send(lambda p: p.evalsha(sha, 1, self.k(key), *args)))
+            return await self.queued(lambda p: p.evalsha(sha, 1, self.k(key), *args))
         except NoScriptError:  # a Redis that restarted: load it once, then run it
             return await self.call(lambda: self.scripts[name](keys=[self.k(key)], args=args))
 
@@ -294,7 +313,7 @@ class RedisStateStore:
     async def get(self, key: str) -> str | None:
         k = self.k(key)
         try:
-            value, pttl = await self.call(self.send(lambda p: p.get(k).pttl(k), 2))
+            value, pttl = await self.queued(lambda p: p.get(k).pttl(k), 2)
         except BackendDown:
             return await self.local.get(key)
         await self._mirror_string(key, value, pttl)
@@ -302,7 +321,7 @@ class RedisStateStore:
 
     async def set(self, key: str, value: str, *, ttl_s: float | None = None) -> None:
         try:
-            await self.call(self.send(lambda p: p.set(self.k(key), value, px=px(ttl_s))))
+            await self.queued(lambda p: p.set(self.k(key), value, px=px(ttl_s)))
         except BackendDown:
             self.journal.string(key)
         await self.local.set(key, value, ttl_s=ttl_s)
@@ -310,9 +329,7 @@ class RedisStateStore:
     async def set_if_absent(self, key: str, value: str, *, ttl_s: float | None = None) -> bool:
         try:
             done = bool(
-                await self.call(
-                    self.send(lambda p: p.set(self.k(key), value, nx=True, px=px(ttl_s)))
-                )
+                await self.queued(lambda p: p.set(self.k(key), value, nx=True, px=px(ttl_s)))
             )
         except BackendDown:
             self.journal.string(key)
@@ -339,7 +356,7 @@ class RedisStateStore:
         if not keys:
             return 0
         try:
-            removed: int = await self.call(self.send(lambda p: p.delete(*map(self.k, keys))))
+            removed: int = await self.queued(lambda p: p.delete(*map(self.k, keys)))
         except BackendDown:
             for key in keys:
                 self.journal.deleted(key)
@@ -351,10 +368,10 @@ class RedisStateStore:
         k = self.k(key)
         try:
             if ttl_s is None:
-                exists, _ = await self.call(self.send(lambda p: p.exists(k).persist(k), 2))
+                exists, _ = await self.queued(lambda p: p.exists(k).persist(k), 2)
                 found = bool(exists)
             else:
-                found = bool(await self.call(self.send(lambda p: p.pexpire(k, px(ttl_s)))))
+                found = bool(await self.queued(lambda p: p.pexpire(k, px(ttl_s))))
         except BackendDown:
             self.journal.renewed(key)
             return await self.local.expire(key, ttl_s)
@@ -384,10 +401,12 @@ class RedisStateStore:
 
     async def hget(self, key: str, field: str) -> str | None:
         try:
-            value: str | None = await self.call(self.send(lambda p: p.hget(self.k(key), field)))
+            value: str | None = await self.queued(lambda p: p.hget(self.k(key), field))
         except BackendDown:
             return await self.local.hget(key, field)
-        if isinstance(self.local.entry(key)[0], dict):  # refresh a hash mirrored already
+        if isinstance(
+            self.local.entry(key, copy=False)[0], dict
+        ):  # refresh a hash mirrored already
             if value is None:
                 await self.local.hdel(key, field)
             else:
@@ -397,7 +416,7 @@ class RedisStateStore:
     async def hgetall(self, key: str) -> dict[str, str]:
         k = self.k(key)
         try:
-            mapping, pttl = await self.call(self.send(lambda p: p.hgetall(k).pttl(k), 2))
+            mapping, pttl = await self.queued(lambda p: p.hgetall(k).pttl(k), 2)
         except BackendDown:
             return await self.local.hgetall(key)
         await self.mirror_hash(key, mapping, pttl)
@@ -414,7 +433,7 @@ class RedisStateStore:
         if not mapping:
             return
         try:
-            await self.call(self.send(lambda p: p.hset(self.k(key), mapping=mapping)))
+            await self.queued(lambda p: p.hset(self.k(key), mapping=mapping))
         except BackendDown:
             self.journal.fields(key, list(mapping))
         await self.local.hset(key, mapping)
@@ -423,7 +442,7 @@ class RedisStateStore:
         if not fields:
             return 0
         try:
-            removed: int = await self.call(self.send(lambda p: p.hdel(self.k(key), *fields)))
+            removed: int = await self.queued(lambda p: p.hdel(self.k(key), *fields))
         except BackendDown:
             self.journal.fields(key, list(fields))
             return await self.local.hdel(key, *fields)
@@ -432,7 +451,7 @@ class RedisStateStore:
 
     async def hincrby(self, key: str, field: str, amount: int = 1) -> int:
         try:
-            value = int(await self.call(self.send(lambda p: p.hincrby(self.k(key), field, amount))))
+            value = int(await self.queued(lambda p: p.hincrby(self.k(key), field, amount)))
         except BackendDown:
             self.journal.increment(key, field, amount, is_float=False)
             return await self.local.hincrby(key, field, amount)
@@ -441,9 +460,7 @@ class RedisStateStore:
 
     async def hincrbyfloat(self, key: str, field: str, amount: float) -> float:
         try:
-            value = float(
-                await self.call(self.send(lambda p: p.hincrbyfloat(self.k(key), field, amount)))
-            )
+            value = float(await self.queued(lambda p: p.hincrbyfloat(self.k(key), field, amount)))
         except BackendDown:
             self.journal.increment(key, field, amount, is_float=True)
             return await self.local.hincrbyfloat(key, field, amount)
@@ -465,9 +482,7 @@ class RedisStateStore:
 
     async def lrange(self, key: str, start: int = 0, stop: int = -1) -> list[str]:
         try:
-            values: list[str] = await self.call(
-                self.send(lambda p: p.lrange(self.k(key), start, stop))
-            )
+            values: list[str] = await self.queued(lambda p: p.lrange(self.k(key), start, stop))
         except BackendDown:
             return await self.local.lrange(key, start, stop)
         return values

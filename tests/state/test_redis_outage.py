@@ -66,8 +66,10 @@ async def test_partition_serves_locally_and_reconciles_without_overwriting_winne
         await mine.push_bounded("wf:order:old", "r1", 3)
 
         proxy.set_mode("hang")  # Redis stops answering this replica
-        assert await mine.hincrby("wf:stats:old", "requests", 2) == 3  # timed out, served locally
+        burst = await asyncio.gather(*(mine.hincrby("wf:stats:old", "burst", 1) for _ in range(20)))
+        assert sorted(burst) == list(range(1, 21))  # one timed out; all were served locally
         assert not mine.up
+        assert await mine.hincrby("wf:stats:old", "requests", 2) == 3
         bytes_when_down = proxy.bytes_from_client
         assert await mine.set_if_absent("wf:home:new", "mine", ttl_s=60)  # claimed locally
         assert await mine.set_if_absent("wf:home:fresh", "mine")
@@ -81,6 +83,7 @@ async def test_partition_serves_locally_and_reconciles_without_overwriting_winne
             "last": "2",
             "requests": "3",
             "service": "1.5",
+            "burst": "20",
         }
         assert proxy.bytes_from_client == bytes_when_down  # down: no call waits on Redis
         assert sample(registry, "hiveroute_state_backend_up") == 0
@@ -101,6 +104,7 @@ async def test_partition_serves_locally_and_reconciles_without_overwriting_winne
             "last": "2",
             "requests": "8",  # 1 + 2 here + 5 there: increments commute
             "service": "1.5",
+            "burst": "20",
         }
         assert await direct.lrange("hiveroute:wf:order:old", 0, -1) == ["r1", "r2", "r3"]
         assert await direct.get("hiveroute:wf:home:old") is None
