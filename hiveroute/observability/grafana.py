@@ -421,6 +421,43 @@ ROWS: tuple[Row, ...] = (
             ),
         ),
     ),
+    Row(
+        "Shared state (Redis across replicas)",
+        (
+            Panel(
+                "State backend up",
+                (q("min by (instance, backend) (hiveroute_state_backend_up)", "{{instance}}"),),
+                description="1 while the state backend answers; 0 while a replica serves on "
+                "its local state (Redis unreachable)",
+                max=1,
+            ),
+            Panel(
+                "State backend failures and local operations",
+                (
+                    q(
+                        f"sum by (reason) (rate(hiveroute_state_errors_total[{RATE}])) "
+                        "or vector(0)",
+                        "failed: {{reason}}",
+                    ),
+                    q(
+                        f"sum(rate(hiveroute_state_local_operations_total[{RATE}])) or vector(0)",
+                        "served locally",
+                    ),
+                ),
+                unit="ops",
+            ),
+            Panel(
+                "Keys reconciled after an outage",
+                (
+                    q(
+                        f"sum by (result) (increase(hiveroute_state_reconciled_keys_total[{RATE}]))"
+                        " or vector(0)",
+                        "{{result}}",
+                    ),
+                ),
+            ),
+        ),
+    ),
 )
 
 

@@ -124,6 +124,8 @@ class WorkflowService:
             store = services["state_store"] = open_state_store(router.config.state)
             if hasattr(store, "start"):  # Redis: health, metrics and connections live with us
                 router.components.append(store)  # type: ignore[arg-type]
+        if not hasattr(services["state_store"], "start"):  # in memory: always up
+            router.metrics.state.backend_up.labels(services["state_store"].name).set(1)
         service = cls(
             services["state_store"],
             services["tokenizer"],
