@@ -275,7 +275,7 @@ def _write(
         f"- machine: {env.get('cpu_model')} × {env.get('cpu_count')} CPUs, {env.get('platform')}",
         f"- hiveroute: {env.get('git_commit') or 'unknown commit'}; Python {env.get('python')}",
         f"- engines: {meta['engines']['count']} × {meta['engines']['kind']} "
-        f"(preset {meta['engines']['preset']}) per target; slices: {meta['slices']}",
+        f"({_engine_shape(meta['engines'])}) per target; slices: {meta['slices']}",
         f"- command: `{shlex.join(meta['command'])}`",
         "",
         table,
@@ -291,3 +291,10 @@ def _write(
         "`summary.json`, `logs/`.",
     ]
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def _engine_shape(engines: dict[str, Any]) -> str:
+    """What the engines model: a simulator preset, or the real model vLLM serves."""
+    if engines.get("kind") == "vllm":
+        return f"random-weight Llama {engines.get('vllm_layers')}x{engines.get('vllm_hidden')}"
+    return f"preset {engines.get('preset')}"
