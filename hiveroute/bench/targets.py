@@ -57,10 +57,11 @@ class TargetSpec:
             policy = policy or "round_robin"
             if policy == "best":
                 policy = best_policy()
-            if policy not in policy_names():
+            known = policy_names(user_policies())
+            if policy not in known:
                 raise ConfigError(
-                    f"unknown hiveroute policy {policy!r} in target {text!r}; "
-                    f"known: {', '.join(policy_names())}"
+                    f"unknown hiveroute policy {policy!r} in target {text!r}; known: "
+                    f"{', '.join(known)} (define more in HIVEROUTE_POLICIES or HIVEROUTE_CONFIG)"
                 )
             return cls(kind, policy)
         if kind in PEERS:
@@ -102,7 +103,11 @@ async def start_target(
         from hiveroute.gateway.server import start_router
 
         config = RouterConfig(
-            host="127.0.0.1", port=0, engine=list(fleet.specs), policy=spec.policy or ""
+            host="127.0.0.1",
+            port=0,
+            engine=list(fleet.specs),
+            policy=spec.policy or "",
+            policies=user_policies(),
         )
         running = await start_router(config.validate())
         await wait_http_ok(running.url + "/health", None, timeout_s, f"target {spec.label}")
@@ -127,3 +132,12 @@ async def start_target(
         await child.stop()
         raise
     return RunningTarget(spec, url, _child=child)
+
+
+def user_policies() -> dict[str, Any]:
+    """Policies the user defined for `hiveroute serve` (HIVEROUTE_POLICIES, or the file named by
+    HIVEROUTE_CONFIG): router subprocesses inherit the environment, so targets may name them."""
+    from hiveroute.config import RouterConfig, load_config
+
+    config: RouterConfig = load_config({}, cls=RouterConfig)
+    return dict(config.policies)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from hiveroute.bench.engines import Fleet
 from hiveroute.bench.targets import TargetSpec, start_target
@@ -35,3 +36,16 @@ async def test_engine_target_is_the_first_engine_itself(tmp_path: Path) -> None:
     target = await start_target(TargetSpec.parse("engine"), fleet, tmp_path)
     assert target.url == "http://127.0.0.1:1"
     await target.stop()
+
+
+def test_targets_may_name_policies_the_user_defined(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hiveroute.bench.targets import TargetSpec
+    from hiveroute.errors import ConfigError
+
+    monkeypatch.delenv("HIVEROUTE_POLICIES", raising=False)
+    monkeypatch.delenv("HIVEROUTE_CONFIG", raising=False)
+    with pytest.raises(ConfigError, match="HIVEROUTE_POLICIES"):
+        TargetSpec.parse("hiveroute:sticky")
+    custom = '{"sticky": {"scorers": [{"name": "session_affinity"}], "picker": "max_score"}}'
+    monkeypatch.setenv("HIVEROUTE_POLICIES", custom)
+    assert TargetSpec.parse("hiveroute:sticky").policy == "sticky"
