@@ -2,8 +2,10 @@
 
 A new workflow gets a home engine chosen for free KV capacity and load; every replica agrees on
 it (set-if-absent in the state store). Its agents follow the home while the predicted TTFT there
-is not far worse than the alternatives' (`home_margin`: up to twice the best, since leaving costs
-a prefill and a second copy of the context) and its load stays under a bounded-load limit; an
+is not far worse than the alternatives' (`home_margin`: by default up to 9 × the best, since
+leaving costs a prefill and a second copy of the context) and its load stays under a loose
+bounded-load limit (8 × the average + 32 by default: measured, staying home beats spilling early
+on fan-out workloads; benchmarks/results/workflow_tuning.md); an
 agent that already ran on one of the workflow's engines returns there, where its own history is
 cached too: the home holds the workflow's prefix, so it is predicted to need only
 the uncached rest, while another engine would prefill everything. When a fan-out would overload
@@ -143,10 +145,10 @@ class WorkflowPlacementScorer(Scorer):
         self,
         services: dict[str, Any],
         *,
-        load_factor: float = 2.0,
-        slack: int = 4,
+        load_factor: float = 8.0,
+        slack: int = 32,
         max_homes: int = 2,
-        home_margin: float = 1.0,
+        home_margin: float = 8.0,
         chars_per_token: float = 4.0,
     ) -> None:
         if load_factor < 1.0:
