@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 from urllib.parse import urlsplit
 
 from hiveroute.errors import ConfigError
@@ -92,6 +93,20 @@ class Engine:
     @property
     def url(self) -> str:
         return self.spec.url
+
+    def status(self) -> dict[str, Any]:
+        """The engine as /health and the dashboard show it (one place, so they agree)."""
+        return {
+            "name": self.name,
+            "url": self.url,
+            "healthy": self.healthy,
+            "models": sorted(self.models),
+            "in_flight": self.load.in_flight,
+            "running": self.load.running,
+            "waiting": self.load.waiting,
+            "kv_usage": self.load.kv_usage,
+            "last_error": self.last_error,
+        }
 
     def serves(self, model: str | None) -> bool:
         """Whether this engine can take a request for `model` (unknown models list: assume yes)."""

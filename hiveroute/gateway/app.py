@@ -64,20 +64,7 @@ async def handle_models(request: web.Request) -> web.Response:
 
 async def handle_health(request: web.Request) -> web.Response:
     router = request.app[ROUTER_KEY]
-    engines = [
-        {
-            "name": e.name,
-            "url": e.url,
-            "healthy": e.healthy,
-            "models": sorted(e.models),
-            "in_flight": e.load.in_flight,
-            "running": e.load.running,
-            "waiting": e.load.waiting,
-            "kv_usage": e.load.kv_usage,
-            "last_error": e.last_error,
-        }
-        for e in router.pool.engines
-    ]
+    engines = [e.status() for e in router.pool.engines]
     healthy = sum(1 for e in engines if e["healthy"])
     status = (
         "ok" if healthy == len(engines) and engines else ("degraded" if healthy else "unavailable")

@@ -61,21 +61,13 @@ def overview(router: Router) -> dict[str, Any]:
         p, c = prompt.get(e.name, 0.0), cached.get(e.name, 0.0)
         engines.append(
             {
-                "name": e.name,
-                "url": e.url,
-                "healthy": e.healthy,
-                "models": sorted(e.models),
-                "in_flight": e.load.in_flight,
-                "running": e.load.running,
-                "waiting": e.load.waiting,
+                **e.status(),
                 "queue_depth": e.load.queue_depth,
-                "kv_usage": e.load.kv_usage,
                 "requests": int(requests.get(e.name, 0.0)),
                 "prompt_tokens": int(p),
                 "cached_tokens": int(c),
                 "cross_agent_cached_tokens": int(cross.get(e.name, 0.0)),
                 "hit_rate": _ratio(c, p),
-                "last_error": e.last_error,
             }
         )
     total_prompt = sum(prompt.values())
