@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from hiveroute import runtime
+from hiveroute.sim.engine import MAX_CATCH_UP
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sim_step_lag.md"
 
@@ -161,6 +162,9 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
         for engine in fleet.engines:
             engine.step_lags.clear()
         tokens0 = sum(_generated(e) for e in fleet.engines)
+        resets0 = sum(e.timeline_resets for e in fleet.engines)
+        chunks0 = sum(e.chunks_written for e in fleet.engines)
+        writes0 = sum(e.socket_writes for e in fleet.engines)
         cpu0, wall0 = time.process_time(), time.monotonic()
         await asyncio.sleep(max(0.0, args.duration - args.warmup))
         cpu_share = (time.process_time() - cpu0) / (time.monotonic() - wall0)
@@ -169,6 +173,15 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
         )
         samples = [lag for engine in fleet.engines for lag in engine.step_lags]
         running = [len(e.scheduler.running) for e in fleet.engines]
+        resets = sum(e.timeline_resets for e in fleet.engines) - resets0
+        chunks = sum(e.chunks_written for e in fleet.engines) - chunks0
+        writes = sum(e.socket_writes for e in fleet.engines) - writes0
+        if os.environ.get("SIM_LAG_DUMP"):
+            import json
+
+            Path(os.environ["SIM_LAG_DUMP"]).write_text(
+                json.dumps([list(e.step_lags) for e in fleet.engines])
+            )
     finally:
         await asyncio.get_running_loop().run_in_executor(None, client.join, args.duration + 60)
         if client.is_alive():
@@ -176,20 +189,28 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
         await fleet.stop()
     if not samples:
         raise SystemExit("no steps were measured; is the client reaching the engines?")
-    lags_ms = [lag * 1000 for lag, _ in samples]
-    rel = [lag / modelled for lag, modelled in samples if modelled > 0]
+    woke_ms = [woke * 1000 for woke, _, _ in samples]
+    lags_ms = [out * 1000 for _, out, _ in samples]
+    rel = [out / modelled for _, out, modelled in samples if modelled > 0]
+    rel_woke = [woke / modelled for woke, _, modelled in samples if modelled > 0]
     return {
         "steps": len(samples),
-        "modelled_p50_ms": statistics.median(m * 1000 for _, m in samples),
+        "modelled_p50_ms": statistics.median(m * 1000 for _, _, m in samples),
+        "woke_p50_ms": statistics.median(woke_ms),
+        "woke_p99_ms": _percentile(woke_ms, 0.99),
+        "woke_within_5pct": 100 * sum(1 for r in rel_woke if abs(r) <= 0.05) / len(rel_woke),
         "lag_p50_ms": statistics.median(lags_ms),
         "lag_p99_ms": _percentile(lags_ms, 0.99),
         "lag_max_ms": max(lags_ms),
         "rel_p50_pct": 100 * statistics.median(rel),
         "rel_p99_pct": 100 * _percentile(rel, 0.99),
         "within_5pct": 100 * sum(1 for r in rel if abs(r) <= 0.05) / len(rel),
+        "early_5pct": 100 * sum(1 for r in rel if r < -0.05) / len(rel),
+        "late_5pct": 100 * sum(1 for r in rel if r > 0.05) / len(rel),
         "running_at_end": float(sum(running)),
         "cpu_share": 100 * cpu_share,
-        "time_ratio": 1 + sum(lag for lag, _ in samples) / sum(m for _, m in samples),
+        "resets": float(resets),
+        "chunks_per_write": chunks / max(1, writes),
         "timer_p50_ms": baseline[0],
         "timer_p90_ms": baseline[1],
         "timer_p99_ms": baseline[2],
@@ -228,11 +249,17 @@ def main() -> int:
     command = "python " + " ".join(["benchmarks/sim_step_lag.py", *sys.argv[1:]])
     lines = [
         f"steps measured: {r['steps']:.0f} (median modelled step {r['modelled_p50_ms']:.2f} ms)",
-        f"lag behind modelled time: p50 {r['lag_p50_ms']:.3f} ms, p99 {r['lag_p99_ms']:.3f} ms, "
+        f"wake-up behind modelled step end: p50 {r['woke_p50_ms']:.3f} ms, p99 "
+        f"{r['woke_p99_ms']:.3f} ms; within 5 % of the step: {r['woke_within_5pct']:.1f} %",
+        f"outputs handed out behind modelled step end: p50 {r['lag_p50_ms']:.3f} ms, p99 {r['lag_p99_ms']:.3f} ms, "
         f"max {r['lag_max_ms']:.3f} ms",
         f"lag as share of the step: p50 {r['rel_p50_pct']:.2f} %, p99 {r['rel_p99_pct']:.2f} %",
-        f"steps within 5 % of modelled time: {r['within_5pct']:.1f} %",
-        f"wall / modelled time over all steps: {r['time_ratio']:.4f}",
+        f"steps within 5 % of modelled time: {r['within_5pct']:.1f} % "
+        f"(early by more: {r['early_5pct']:.1f} %, late by more: {r['late_5pct']:.1f} %)",
+        f"stream chunks per socket write: {r['chunks_per_write']:.2f} (above 1: tokens held "
+        "past their step because the engine fell behind)",
+        f"times an engine fell over {MAX_CATCH_UP * 1000:.0f} ms behind and restarted its timeline: "
+        f"{r['resets']:.0f}",
         f"machine wake-up lateness of a lone 9 ms timer (no load from us): p50 "
         f"{r['timer_p50_ms']:.3f} ms, p90 {r['timer_p90_ms']:.3f} ms, p99 {r['timer_p99_ms']:.3f} ms",
         f"requests running at the end: {r['running_at_end']:.0f}",
@@ -255,10 +282,16 @@ def main() -> int:
         )
         header = (
             "# Simulator step lag\n\n"
-            "Lag = wall time at which a step's tokens were handed to their streams minus (step "
-            "start + modelled step time); it includes scheduling, the timer's wake-up error, "
-            "output processing and waiting for the CPU. The machine line says how late this "
-            "machine wakes a lone precise timer, the floor under any step's lag.\n\n"
+            "Each step's outputs are worked out while the step runs; when its modelled end is "
+            "due the engine wakes and writes them to the streams' sockets. Two lags per step, "
+            "both measured from the step's modelled end (steps chain: a step starts where the "
+            "last was due to end):\n\n"
+            "- wake-up: when the engine got the CPU back (timer error, other engines' work, GC);\n"
+            "- handed out: when its writes were done. This is the figure 'within 5 %' counts.\n\n"
+            "Under load the engine holds a stream's middle tokens for a few steps and writes them "
+            "together (first and last tokens never wait): 'chunks per socket write' says how "
+            "much. The machine line says how late this machine wakes a lone precise timer, the "
+            "floor under any step's lag.\n\n"
         )
         if args.append and RESULTS.exists():
             RESULTS.write_text(RESULTS.read_text() + section)

@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from hiveroute.kvindex.tokenizer import BUILTIN_SPECIAL, Tokenizer
 from hiveroute.sim.clock import PreciseTimer
@@ -26,7 +26,7 @@ from hiveroute.sim.faults import FaultKnobs
 from hiveroute.sim.kv_cache import Block, BlockPool, CacheRequest, KVCacheManager
 from hiveroute.sim.metrics import EngineMetrics
 from hiveroute.sim.presets import CostModel
-from hiveroute.sim.scheduler import RUNNING, Scheduler, SimRequest
+from hiveroute.sim.scheduler import RUNNING, Scheduler, SimRequest, StepPlan
 
 log = logging.getLogger("hiveroute.sim.engine")
 
@@ -38,7 +38,20 @@ OUTPUT_TEXT = (
 )
 MAX_PINS = 4096
 MAX_STREAM_INTERVAL = 0.1  # longest a streamed token waits for its socket write, seconds
+MAX_CATCH_UP = 0.01  # an engine further behind its timeline than this starts afresh, seconds
+PRODUCE_SLICE = 16  # requests given their token between two yields to the event loop
 LAG_SAMPLES = 200_000
+
+
+class PendingWrites(Protocol):
+    """A stream with chunks waiting for the end of the step (the server's writer)."""
+
+    @property
+    def urgent(self) -> bool:
+        """Holds a chunk that must never wait: a stream's first token or its last."""
+        ...
+
+    def flush(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -142,12 +155,20 @@ class SimEngine:
         )
         self._reported = (0, 0, 0)  # prefix queries, prefix hits, preemptions already counted
         self.steps = 0
-        # Streams with chunks waiting to be written, and how long they may wait: 0 (every
-        # step) while the engine keeps its modelled time, longer when it falls behind.
-        self.outbox: set[Any] = set()
+        self.timeline_resets = 0
+        # While a step "runs" its outputs are prepared but held: streams with chunks waiting
+        # go to the outbox, finished requests to `_due`; both are released at the step's end.
+        # A stream may wait longer (`stream_interval`) while the engine falls behind.
+        self.in_step = False
+        self.outbox: set[PendingWrites] = set()
+        self.chunks_written = 0  # stream chunks written, and the socket writes that took them:
+        self.socket_writes = 0  # more chunks than writes means tokens held past their step
+        self._due: list[RequestHandle] = []
         self.stream_interval = 0.0
+        self._late_share = 0.0  # smoothed (handed-out lag / step time)
         self._last_flush = 0.0
-        self.step_lags: deque[tuple[float, float]] = deque(maxlen=LAG_SAMPLES)
+        # Per step: (woke - due, outputs handed out - due, modelled duration), seconds.
+        self.step_lags: deque[tuple[float, float, float]] = deque(maxlen=LAG_SAMPLES)
         self.url = ""
         self.events_endpoint: str | None = None
         self.replay_endpoint: str | None = None
@@ -307,7 +328,10 @@ class SimEngine:
         else:
             handle.queue.put_nowait(out)
         if reason is not None and not handle.done.done():
-            handle.done.set_result(None)
+            if self.in_step:
+                self._due.append(handle)  # the response ends with the step, not before
+            else:
+                handle.done.set_result(None)
 
     # --- the step loop ---------------------------------------------------------------------
 
@@ -315,27 +339,29 @@ class SimEngine:
         scheduler = self.scheduler
         cost = self.cost
         scale = self.config.time_scale
-        out_ids = self._out_ids
-        n_ids = len(out_ids)
-        eos = self.eos_token_id
-        metrics = self.metrics
         lags = self.step_lags
         timer = self._timer
         clock = time.monotonic
-        # Tokens are due at step start + modelled time. We wake `lead` seconds early so that,
-        # after handing them out, we are on time; `lead` follows the lateness we observe.
-        lead = 0.0
+        # The modelled instant the engine became free: while it stays busy each step starts
+        # where the last one was due to end, so a late step does not push every later one back.
+        timeline: float | None = None
         while True:
             if not scheduler.has_work():
+                timeline = None
                 self._flush_outbox(None)
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            started = clock()
+            now = clock()
+            if timeline is not None and now - timeline > MAX_CATCH_UP:
+                self.timeline_resets += 1  # too far behind to catch up: the backlog is lost
+                timeline = None
+            started = now if timeline is None else timeline
             plan = scheduler.schedule()
             self._publish()
             if not plan:
                 # Everyone waits for blocks that only a pin's expiry or an abort can free.
+                timeline = None
                 self._flush_outbox(None)
                 self._wake.clear()
                 await self._wake.wait()
@@ -344,52 +370,93 @@ class SimEngine:
                 plan.prefill_tokens, plan.attention_pairs, plan.decode_seqs, plan.decode_context
             )
             target = started + duration
-            await timer.sleep_until(target - lead)
+            # Everything the step produces is worked out while the step "runs"; at its end only
+            # the socket writes remain, so a step's outputs leave on time.
+            self.in_step = True
+            try:
+                await self._produce(plan, target)
+                await timer.sleep_until(target)
+            finally:
+                self.in_step = False
+            woke = clock()
             self.steps += 1
-            stamp = time.monotonic()
-            generated = 0
-            for request, _ in plan.scheduled:
-                tokens = request.token_ids
-                if request.status != RUNNING or request.num_computed_tokens < len(tokens):
-                    continue  # aborted during the step, or a prefill chunk with more to come
-                n_out = len(tokens) - request.num_prompt_tokens
-                eos_at = request.eos_at
-                if eos_at is not None and n_out + 1 >= eos_at and not request.ignore_eos:
-                    token = eos
-                else:
-                    token = out_ids[n_out % n_ids]
-                tokens.append(token)
-                generated += 1
-                if request.first_token_at is None:
-                    request.first_token_at = stamp
-                    metrics.ttft.observe(stamp - request.arrival)
-                else:
-                    metrics.itl.observe(stamp - (request.last_token_at or stamp))
-                request.last_token_at = stamp
-                if request.on_step is not None:
-                    request.on_step(request, [token])
-            metrics.generation_tokens.inc(generated)
-            metrics.prompt_tokens.inc(plan.prefill_tokens)
+            self._flush_outbox(woke)
+            due, self._due = self._due, []
+            for handle in due:
+                if not handle.done.done():
+                    handle.done.set_result(None)
             self._publish()
-            if self.outbox:
-                self._flush_outbox(clock())
-            lag = clock() - target
-            lags.append((lag, duration))
-            lead = min(max(lead + 0.5 * lag, 0.0), 0.5 * duration)
-            if lag > 0.05 * duration:
-                self.stream_interval = min(
-                    max(2 * self.stream_interval, 0.002), MAX_STREAM_INTERVAL
-                )
-            elif lag < 0.01 * duration and self.stream_interval:
-                half = self.stream_interval / 2
-                self.stream_interval = half if half >= 0.001 else 0.0
+            handed_out = clock()
+            lags.append((woke - target, handed_out - target, duration))
+            timeline = target
+            self._adapt_stream_interval(min(1.0, (handed_out - target) / duration), duration)
+
+    async def _produce(self, plan: StepPlan, stamp: float) -> None:
+        """Give each request the step's token, stamped with the step's modelled end.
+
+        Runs in slices with a yield between them, so that another engine whose step is due
+        is not held up behind this one's bookkeeping.
+        """
+        out_ids = self._out_ids
+        n_ids = len(out_ids)
+        eos = self.eos_token_id
+        metrics = self.metrics
+        generated = 0
+        for i, (request, _) in enumerate(plan.scheduled):
+            if i and not i % PRODUCE_SLICE:
+                await asyncio.sleep(0)
+            tokens = request.token_ids
+            if request.status != RUNNING or request.num_computed_tokens < len(tokens):
+                continue  # aborted during the step, or a prefill chunk with more to come
+            n_out = len(tokens) - request.num_prompt_tokens
+            eos_at = request.eos_at
+            if eos_at is not None and n_out + 1 >= eos_at and not request.ignore_eos:
+                token = eos
+            else:
+                token = out_ids[n_out % n_ids]
+            tokens.append(token)
+            generated += 1
+            if request.first_token_at is None:
+                request.first_token_at = stamp
+                metrics.ttft.observe(stamp - request.arrival)
+            else:
+                metrics.itl.observe(stamp - (request.last_token_at or stamp))
+            request.last_token_at = stamp
+            if request.on_step is not None:
+                request.on_step(request, [token])
+        metrics.generation_tokens.inc(generated)
+        metrics.prompt_tokens.inc(plan.prefill_tokens)
+
+    def _adapt_stream_interval(self, late_share: float, duration: float) -> None:
+        """Hold stream chunks for a few steps only while the engine stays behind its model.
+
+        One socket write per token is most of a crowded engine's work; when the handed-out
+        lag stays above 5 % of the step (a smoothed figure, so one slow step does not count),
+        several tokens share a write, and as soon as the engine is on time again they do not.
+        """
+        self._late_share = ewma = 0.9 * self._late_share + 0.1 * late_share
+        if ewma > 0.05:
+            self.stream_interval = min(
+                max(1.5 * self.stream_interval, duration), MAX_STREAM_INTERVAL
+            )
+        elif ewma < 0.02 and self.stream_interval:
+            half = self.stream_interval / 2
+            self.stream_interval = half if half >= 0.001 else 0.0
 
     def _flush_outbox(self, now: float | None) -> None:
-        """Write the pending chunks of streams whose interval is up (all of them if now=None)."""
+        """Write the streams' pending chunks: all of them when the stream interval is up (or
+        now=None), else only the urgent ones (first tokens, and last ones before [DONE])."""
+        outbox = self.outbox
+        if not outbox:
+            return
         if now is not None and now - self._last_flush < self.stream_interval:
+            urgent = [writer for writer in outbox if writer.urgent]
+            for writer in urgent:
+                outbox.discard(writer)
+                writer.flush()
             return
         self._last_flush = now or 0.0
-        outbox, self.outbox = self.outbox, set()
+        self.outbox = set()
         for writer in outbox:
             writer.flush()
 
@@ -475,7 +542,7 @@ class SimEngine:
             "waiting": len(s.waiting),
             "num_blocks": self.pool.num_blocks,
             "free_blocks": self.pool.num_free,
-            "cached_blocks": sum(len(v) for v in self.pool.cached.values()),
+            "cached_blocks": self.pool.num_cached_blocks(),
             "kv_cache_usage": self.pool.usage(),
             "prefix_cache_queries": s.stats.queries,
             "prefix_cache_hits": s.stats.hits,
@@ -483,6 +550,7 @@ class SimEngine:
             "evictions": self.pool.evictions,
             "pins": len(self._pins),
             "steps": self.steps,
+            "timeline_resets": self.timeline_resets,
             "block_size": self.block_size,
             "event_restarts": self.publisher.restarts if self.publisher else 0,
         }

@@ -82,7 +82,10 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Free blocks in eviction order: the first is handed out (and evicted) first.
         self.free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks[1:])
-        self.cached: dict[int, dict[int, Block]] = {}
+        # Hash -> the block with it, or, in the rare case of several, {block_id: block}. A plain
+        # block needs no dict of its own: a dict per cached hash is what the garbage collector
+        # would otherwise walk through, for long pauses, once the cache holds 100k blocks.
+        self.cached: dict[int, Block | dict[int, Block]] = {}
         self.enable_events = enable_events
         self.events: list[dict[str, Any]] = []
         self.evictions = 0
@@ -98,11 +101,14 @@ class BlockPool:
         usable = self.num_blocks - 1
         return 1.0 - len(self.free) / usable if usable else 0.0
 
+    def num_cached_blocks(self) -> int:
+        return sum(1 if isinstance(v, Block) else len(v) for v in self.cached.values())
+
     def get_cached(self, block_hash: int) -> Block | None:
         found = self.cached.get(block_hash)
-        if not found:
-            return None
-        return next(iter(found.values()))
+        if found is None or type(found) is Block:
+            return found
+        return next(iter(found.values()))  # type: ignore[union-attr]
 
     # --- changes ---------------------------------------------------------------------------
 
@@ -122,10 +128,17 @@ class BlockPool:
     def _evict(self, block: Block) -> None:
         block_hash = block.block_hash
         assert block_hash is not None
-        same = self.cached.get(block_hash)
-        if same is not None and same.pop(block.block_id, None) is not None:
-            if not same:
-                del self.cached[block_hash]
+        cached = self.cached
+        same = cached.get(block_hash)
+        removed = False
+        if same is block:
+            del cached[block_hash]
+            removed = True
+        elif isinstance(same, dict) and same.pop(block.block_id, None) is not None:
+            if len(same) == 1:
+                cached[block_hash] = next(iter(same.values()))
+            removed = True
+        if removed:
             self.evictions += 1
             if self.enable_events:
                 self.events.append(
@@ -176,9 +189,11 @@ class BlockPool:
             block.block_hash = block_hash
             same = cached.get(block_hash)
             if same is None:
-                cached[block_hash] = {block.block_id: block}
+                cached[block_hash] = block
+            elif type(same) is Block:
+                cached[block_hash] = {same.block_id: same, block.block_id: block}
             else:
-                same[block.block_id] = block
+                same[block.block_id] = block  # type: ignore[index]
         request.num_cached_blocks = num_full_blocks
         if self.enable_events:
             salt = request.cache_salt

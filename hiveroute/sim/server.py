@@ -177,15 +177,16 @@ class _ChunkWriter:
     """Writes one stream's SSE chunks straight to the socket from the engine's step loop.
 
     A task switch and an awaited write per token is what limits a Python server at hundreds of
-    streams; here each token costs one formatted string, and the socket write (HTTP chunked
-    framing done by hand, after aiohttp has sent the headers) happens at once, or, when the
-    engine is falling behind its modelled time, with the next few tokens of the stream
-    (`SimEngine.stream_interval`): every chunk is still its own SSE event.
+    streams; here each token costs one formatted string, prepared while the step "runs", and
+    the socket write (HTTP chunked framing done by hand, after aiohttp has sent the headers)
+    happens when the step is due, or, when the engine is falling behind its modelled time,
+    with the next few tokens of the stream (`SimEngine.stream_interval`): every chunk is still
+    its own SSE event.
     """
 
     __slots__ = (
         "cache", "chat", "drop_after", "dropped", "engine", "handle", "head", "pending", "sent",
-        "transport",
+        "transport", "urgent",
     )  # fmt: skip
 
     def __init__(
@@ -207,6 +208,7 @@ class _ChunkWriter:
         self.dropped = False
         self.pending: list[bytes] = []
         self.cache: dict[str, bytes] = {}
+        self.urgent = False  # a pending chunk is the first token or the last: never held
 
     def __call__(self, out: Output) -> None:
         framed = self.cache.get(out.text) if out.finish_reason is None else None
@@ -215,6 +217,8 @@ class _ChunkWriter:
             if out.finish_reason is None and len(self.cache) < 256:
                 self.cache[out.text] = framed  # the simulated model repeats a few pieces
         self.pending.append(framed)
+        if not self.sent or out.finish_reason is not None:
+            self.urgent = True
         self.sent += len(out.token_ids)
         engine = self.engine
         if (
@@ -226,10 +230,10 @@ class _ChunkWriter:
             self.dropped = True
             engine.abort(self.handle)
             self.transport.abort()  # fault: the connection dies mid-stream
-        elif out.finish_reason is not None or engine.stream_interval == 0.0:
-            self.flush()
+        elif engine.in_step or (not self.urgent and engine.stream_interval):
+            engine.outbox.add(self)  # written when the step is due (or the interval is up)
         else:
-            engine.outbox.add(self)
+            self.flush()
 
     def _frame(self, out: Output) -> bytes:
         """One SSE event as an HTTP chunk."""
@@ -251,11 +255,15 @@ class _ChunkWriter:
         if not pending:
             return
         self.pending = []
+        self.urgent = False
         transport = self.transport
         if transport.is_closing():
             self.engine.abort(self.handle)  # the client is gone: free its blocks now
             return
         transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+        engine = self.engine
+        engine.chunks_written += len(pending)
+        engine.socket_writes += 1
 
 
 _dumps_cache: dict[Any, str] = {}
@@ -301,6 +309,7 @@ async def _stream(
     handle.sink = writer
     while not handle.queue.empty():  # tokens of steps that ended while the headers went out
         writer(handle.queue.get_nowait())
+    writer.flush()  # those steps are over: their tokens are due now
     await handle.done
     if writer.dropped or handle.finish_reason == "abort" or transport.is_closing():
         return resp

@@ -287,3 +287,29 @@ async def test_without_prefix_caching_nothing_is_reused_or_published(
     values = await _metrics(session, engine.url)
     assert values["vllm:prefix_cache_queries_total"] == 0
     assert engine.publisher is not None and engine.publisher.batches_sent == 0
+
+
+async def test_tokens_leave_at_the_modelled_step_end_and_first_tokens_are_never_held(
+    sim_fleet: FleetFactory, session: aiohttp.ClientSession
+) -> None:
+    fleet = await sim_fleet(time_scale=20.0)  # steps of ~0.1 s: early writes would show
+    engine = fleet.engines[0]
+    engine.stream_interval = 60.0  # hold every middle token until the stream ends
+    body = {"prompt": PROMPT, "max_tokens": 6, "stream": True}
+    prompt_tokens = len(engine.tokenizer.encode(PROMPT))
+    prefill = 20.0 * engine.cost.step_time(prompt_tokens, prompt_tokens**2 // 2, 0, 0)
+    started = asyncio.get_running_loop().time()
+    resp = await session.post(f"{engine.url}/v1/completions", json=body)
+    first = await resp.content.readline()
+    elapsed = asyncio.get_running_loop().time() - started
+    assert first.startswith(b"data: ")
+    # The first token is written when its (prefill) step is due, not while it is computed,
+    # and it is not held with the middle tokens: the request is still running.
+    assert elapsed >= 0.95 * prefill
+    assert engine.scheduler.running
+    rest = (await resp.text()).split("\n\n")
+    rest_events = [e.strip()[6:] for e in rest if e.strip().startswith("data: ")]
+    events = [first.decode().strip()[6:], *rest_events]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) == 6 and chunks[-1]["choices"][0]["finish_reason"] == "length"
