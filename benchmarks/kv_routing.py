@@ -67,27 +67,32 @@ def _ms(value: Any) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", type=int, default=4)
-    parser.add_argument("--blocks", type=int, default=3000, help="KV blocks per engine")
+    parser.add_argument("--blocks", type=int, default=12000, help="KV blocks per engine")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--preset", default="llama-8b-h100")
     parser.add_argument("--workload", action="append", choices=("trace", "multiturn"))
     parser.add_argument("--trace", type=Path, default=TRACE, help="Mooncake trace (JSONL)")
-    parser.add_argument("--trace-limit", type=int, default=1000)
-    parser.add_argument("--trace-speed", type=float, default=8.0)
+    parser.add_argument("--trace-limit", type=int, default=1500)
+    parser.add_argument("--trace-speed", type=float, default=10.0)
     parser.add_argument("--token-scale", type=float, default=0.1)
     parser.add_argument("--max-output", type=int, default=32)
-    parser.add_argument("--users", type=int, default=24)
-    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--users", type=int, default=48)
+    parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--slices", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--peers", action="store_true", help="also SGLang's and vLLM's routers")
     parser.add_argument("--no-ideal", action="store_true")
+    parser.add_argument(
+        "--policies", default=",".join(POLICIES), help="comma-separated hiveroute policies"
+    )
+    parser.add_argument("--no-write", dest="write", action="store_false", help="only print")
     parser.add_argument("--out", type=Path, default=Path("runs"))
     parser.add_argument("rest", nargs="*", help="after --: more harness arguments")
     args = parser.parse_args()
     args.workload = args.workload or ["trace", "multiturn"]
 
-    targets = [f"hiveroute-inproc:{p}" for p in POLICIES] + (list(PEERS) if args.peers else [])
+    policies = [p for p in args.policies.split(",") if p]
+    targets = [f"hiveroute-inproc:{p}" for p in policies] + (list(PEERS) if args.peers else [])
     cells = _run(_harness_argv(args, targets, args.engines, args.blocks))
     if not args.no_ideal:
         ideal = _run(_harness_argv(args, ["engine"], 1, args.blocks * args.engines))
@@ -116,8 +121,9 @@ def main() -> None:
             )
     table = "\n".join(lines)
     print(table)
-    path = write_report("kv_routing", "Cache-aware routing (prefix, kv) vs. the rest", table)
-    print(f"report: {path}")
+    if args.write:
+        path = write_report("kv_routing", "Cache-aware routing (prefix, kv) vs. the rest", table)
+        print(f"report: {path}")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,10 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         kept = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}  # RFC 9110 on 405
         return json_error(exc.status, error_body(message, "invalid_request_error"), kept or None)
     except ConnectionResetError:
-        raise
+        # The client went away mid-request: already counted (status 499) and nothing can be
+        # sent; a stack trace in the log would only alarm whoever reads it.
+        log.debug("client disconnected on %s %s", request.method, request.path)
+        return web.Response(status=499)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return json_error(

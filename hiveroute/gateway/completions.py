@@ -132,7 +132,6 @@ async def _route_and_relay(
                 first_byte_timeout_s=config.first_byte_timeout_s,
                 request_timeout_s=config.request_timeout_s,
             )
-            break
         except EngineUnreachable as exc:
             engine.load.in_flight -= 1
             last_error = str(exc)
@@ -141,6 +140,16 @@ async def _route_and_relay(
             policy.on_completed(
                 routing_request, RequestOutcome(engine=engine, status=502, error=last_error), state
             )
+            continue
+        except BaseException:  # cancelled while waiting: nothing may stay counted
+            engine.load.in_flight -= 1
+            policy.on_completed(
+                routing_request, RequestOutcome(engine=engine, status=499, error="cancelled"), state
+            )
+            raise
+        if answer.is_stream:  # a stream's first chunk is its first token: prefill is over
+            policy.on_first_token(routing_request, engine, state)
+        break
     if answer is None or decision is None:
         router.metrics.rejected.labels("no_engine").inc()
         raise NoEngineAvailable(

@@ -4,7 +4,7 @@ A routing decision runs in one cycle: filters narrow the candidate engines, each
 every remaining engine a score in [0, 1], the policy adds the scores up with their weights, and
 the picker chooses. Plugins share intermediate results (token ids, prefix matches) through the
 per-request CycleState so nothing is computed twice. After the request, plugins hear how it went
-(`on_routed`, `on_completed`), which is how the `prefix` and `kv` policies learn.
+(`on_routed`, `on_first_token`, `on_completed`), which is how the `prefix` and `kv` policies learn.
 """
 
 from __future__ import annotations
@@ -86,6 +86,10 @@ class Plugin:
 
     def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
         """The request was sent to `engine` (may be called again on a retry)."""
+
+    def on_first_token(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
+        """A streamed request's first token arrived: its prefill is over (not called for
+        whole responses, whose first byte is their end)."""
 
     def on_completed(
         self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState

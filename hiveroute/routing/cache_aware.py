@@ -1,8 +1,10 @@
 """Cache-aware routing plugins: the `kv` and `prefix` policies and their load guard.
 
 - `KvTtftScorer` (policy `kv`): for each engine, the prefix the KV index says it holds, then a
-  predicted TTFT (queueing from its load + uncached tokens × its learned prefill cost); the
-  smallest prediction scores 1, the others min/own.
+  predicted TTFT: (the prompt tokens already sent there and not yet prefilled + this request's
+  uncached tokens) × its learned prefill cost + queueing from its load. Ranked by that
+  prediction less the value of what it holds (`cache_weight` × cached tokens × prefill cost):
+  the best scores 1, engines within a tolerance of it are ordered by how much they hold.
 - `ApproxPrefixScorer` (policy `prefix`): no engine events; remembers where its own decisions
   sent each prefix (a private index whose entries live for a TTL, LRU-bounded), like SGLang's
   cache_aware router, and scores the fraction of the prompt matched.
@@ -29,6 +31,7 @@ from hiveroute.kvindex.request_tokens import (
     request_token_ids,
 )
 from hiveroute.kvindex.tokenizer import Tokenizer
+from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import (
     CycleState,
     Filter,
@@ -76,19 +79,32 @@ class LoadGuardFilter(Filter):
         return allowed
 
 
-class _CacheScorer(Scorer):
-    """Shared parts: tokens in prepare, per-engine matches memoised in the CycleState."""
+class PrefixMatcher:
+    """Each engine's cached prefix of a request, from a KV index, memoised in the CycleState.
 
-    matches_key = PREFIX_MATCH_KEY
+    Shared by the cache-aware scorers and by workflow placement, so a request is tokenized and
+    matched once per routing cycle whichever plugins ask.
+    """
 
-    def __init__(self, index: KvIndex, tokenizer: Tokenizer) -> None:
+    def __init__(
+        self,
+        index: KvIndex,
+        tokenizer: Tokenizer,
+        *,
+        matches_key: str = PREFIX_MATCH_KEY,
+        fixed_block_size: int | None = None,
+    ) -> None:
         self.index = index
         self.tokenizer = tokenizer
+        self.matches_key = matches_key
+        self.fixed_block_size = fixed_block_size
 
-    async def prepare(self, request: RoutingRequest, state: CycleState) -> None:
-        request_token_ids(request, state, self.tokenizer)
+    def tokens(self, request: RoutingRequest, state: CycleState) -> list[int] | None:
+        return request_token_ids(request, state, self.tokenizer)
 
     def block_size(self, engine: Engine) -> int | None:
+        if self.fixed_block_size is not None:
+            return self.fixed_block_size
         return self.index.block_size(engine.name) or engine.block_size
 
     def match(self, request: RoutingRequest, engine: Engine, state: CycleState) -> PrefixMatch:
@@ -96,7 +112,7 @@ class _CacheScorer(Scorer):
         matches: dict[str, PrefixMatch] = state.setdefault(self.matches_key, {})
         found = matches.get(engine.name)
         if found is None:
-            tokens = request_token_ids(request, state, self.tokenizer)
+            tokens = self.tokens(request, state)
             size = self.block_size(engine)
             if not tokens or size is None:
                 found = PrefixMatch(block_size=size or 1)
@@ -106,17 +122,11 @@ class _CacheScorer(Scorer):
             matches[engine.name] = found
         return found
 
-    def guard_took_best(
-        self, request: RoutingRequest, state: CycleState, best_candidate: int
-    ) -> bool:
-        """Whether the load guard excluded an engine holding more of the prefix."""
-        excluded: list[Engine] = state.get(GUARD_EXCLUDED_KEY, [])
-        return any(self.match(request, e, state).tokens > best_candidate for e in excluded)
-
     def speculate(
         self, request: RoutingRequest, engine: Engine, state: CycleState, ttl_s: float | None
     ) -> None:
-        tokens = request_token_ids(request, state, self.tokenizer)
+        """Count the request's blocks as cached on `engine` until events confirm them."""
+        tokens = self.tokens(request, state)
         if not tokens:
             return
         size = self.block_size(engine)
@@ -127,6 +137,28 @@ class _CacheScorer(Scorer):
         else:
             keys = request_block_keys(request, state, tokens, size)
             self.index.add_speculative(engine.name, keys, origin, ttl_s=ttl_s)
+
+
+class _CacheScorer(Scorer):
+    """Shared parts: tokens in prepare, per-engine matches through a PrefixMatcher."""
+
+    def __init__(self, matcher: PrefixMatcher) -> None:
+        self.matcher = matcher
+        self.index = matcher.index
+        self.tokenizer = matcher.tokenizer
+
+    async def prepare(self, request: RoutingRequest, state: CycleState) -> None:
+        self.matcher.tokens(request, state)
+
+    def match(self, request: RoutingRequest, engine: Engine, state: CycleState) -> PrefixMatch:
+        return self.matcher.match(request, engine, state)
+
+    def guard_took_best(
+        self, request: RoutingRequest, state: CycleState, best_candidate: int
+    ) -> bool:
+        """Whether the load guard excluded an engine holding more of the prefix."""
+        excluded: list[Engine] = state.get(GUARD_EXCLUDED_KEY, [])
+        return any(self.match(request, e, state).tokens > best_candidate for e in excluded)
 
 
 class KvTtftScorer(_CacheScorer):
@@ -148,14 +180,18 @@ class KvTtftScorer(_CacheScorer):
         speculate: bool = True,
         tolerance: float = 0.1,
         tolerance_s: float = 0.005,
+        cache_weight: float = 8.0,
+        backlog: PrefillBacklog | None = None,
     ) -> None:
-        if tolerance < 0 or tolerance_s < 0:
-            raise ValueError("tolerance and tolerance_s must not be negative")
-        super().__init__(index, tokenizer)
+        if tolerance < 0 or tolerance_s < 0 or cache_weight < 0:
+            raise ValueError("tolerance, tolerance_s and cache_weight must not be negative")
+        super().__init__(PrefixMatcher(index, tokenizer))
         self.predictor = predictor
         self.speculative = speculate
         self.tolerance = tolerance
         self.tolerance_s = tolerance_s
+        self.cache_weight = cache_weight
+        self.backlog = backlog or PrefillBacklog()
 
     def score(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
@@ -167,25 +203,35 @@ class KvTtftScorer(_CacheScorer):
         for engine in candidates:
             m = self.match(request, engine, state)
             cached[engine.name] = min(m.tokens, n_tokens)
+            queue, to_prefill = self.backlog.features(engine, n_tokens - cached[engine.name])
             predicted[engine.name] = self.predictor.predict(
                 engine.name,
-                queue_depth=engine.load.queue_depth,
-                uncached_tokens=n_tokens - cached[engine.name],
+                queue_depth=queue,
+                uncached_tokens=to_prefill,
                 lower_tier_tokens=min(m.lower_tokens, n_tokens),
             )
-        best = min(predicted[e.name] for e in candidates)
         most = max(cached.values())
+        # A cached prefix is worth more than this request's TTFT: the next turn or sibling
+        # finds it too, and leaving makes a second copy that evicts someone else's. So the
+        # ranking counts each cached token `cache_weight` times more at its prefill cost.
+        cost = {
+            e.name: predicted[e.name]
+            - self.cache_weight * cached[e.name] * self.predictor.prefill_cost(e.name)
+            for e in candidates
+        }
+        lo, hi = min(cost.values()), max(cost.values())
         # predictions are estimates: among engines within the tolerance of the best, the one
-        # holding more of the prefix wins (its cache grows more valuable with every turn)
-        near = best * (1 + self.tolerance) + self.tolerance_s
+        # holding more of the prefix wins
+        best_ttft = min(predicted[e.name] for e in candidates)
+        near = lo + self.tolerance * best_ttft + self.tolerance_s
         scores: dict[str, float] = {}
         for e in candidates:
-            pred = predicted[e.name]
-            if pred <= near:
+            c = cost[e.name]
+            if c <= near:
                 share = cached[e.name] / most if most else 0.0
-                scores[e.name] = 1.0 - 1e-3 * (1.0 - share) - 1e-6 * (pred - best) / max(near, 1e-9)
+                scores[e.name] = 1.0 - 1e-3 * (1.0 - share) - 1e-6 * (c - lo) / max(near - lo, 1e-9)
             else:
-                scores[e.name] = best / pred if pred > 0 else 1.0
+                scores[e.name] = 0.99 * (hi - c) / (hi - lo)
         winner = max(candidates, key=lambda e: (scores[e.name], cached[e.name]))
         if tokens is None:
             reason = "no_tokens"
@@ -204,29 +250,32 @@ class KvTtftScorer(_CacheScorer):
         m = self.match(request, engine, state)
         tokens = request_token_ids(request, state, self.tokenizer)
         n_tokens = len(tokens) if tokens else 0
-        state[ROUTED_KEY] = (
-            engine.load.queue_depth,
-            max(0, n_tokens - m.tokens),
-            min(m.lower_tokens, n_tokens),
-        )
+        uncached = max(0, n_tokens - m.tokens)
+        queue, to_prefill = self.backlog.features(engine, 0)
+        state[ROUTED_KEY] = (queue, to_prefill, uncached, min(m.lower_tokens, n_tokens))
+        self.backlog.add(engine.name, uncached, state)
         if self.speculative:
-            self.speculate(request, engine, state, None)
+            self.matcher.speculate(request, engine, state, None)
+
+    def on_first_token(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
+        self.backlog.settle(state)
 
     def on_completed(
         self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
     ) -> None:
+        self.backlog.settle(state)
         routed = state.get(ROUTED_KEY)
         if routed is None or not outcome.ok or outcome.ttft_s is None:
             return
         if not request.body.get("stream") and (outcome.completion_tokens or 0) > 1:
             return  # a whole response's time is not a TTFT
-        queue_depth, uncached, lower = routed
+        queue_depth, backlog, uncached, lower = routed
         if outcome.prompt_tokens is not None and outcome.cached_tokens is not None:
             uncached = max(0, outcome.prompt_tokens - outcome.cached_tokens)
         self.predictor.observe(
             outcome.engine.name,
             queue_depth=queue_depth,
-            uncached_tokens=uncached,
+            uncached_tokens=backlog + uncached,
             lower_tier_tokens=lower,
             ttft_s=outcome.ttft_s,
         )
@@ -242,7 +291,6 @@ class ApproxPrefixScorer(_CacheScorer):
 
     name = "prefix_affinity"
     category = ScorerCategory.AFFINITY
-    matches_key = "approx_prefix_match"
 
     def __init__(
         self,
@@ -259,12 +307,16 @@ class ApproxPrefixScorer(_CacheScorer):
             raise ValueError("ttl_s must be positive")
         if not 0.0 <= min_match <= 1.0:
             raise ValueError("min_match must be within [0, 1]")
-        super().__init__(KvIndex(max_blocks=max_blocks, speculative_ttl_s=ttl_s), tokenizer)
-        self.fixed_block_size = block_size
+        index = KvIndex(max_blocks=max_blocks, speculative_ttl_s=ttl_s)
+        super().__init__(
+            PrefixMatcher(
+                index,
+                tokenizer,
+                matches_key="approx_prefix_match",
+                fixed_block_size=block_size,
+            )
+        )
         self.min_match = min_match
-
-    def block_size(self, engine: Engine) -> int | None:
-        return self.fixed_block_size
 
     def score(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
@@ -287,4 +339,4 @@ class ApproxPrefixScorer(_CacheScorer):
         return fractions
 
     def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
-        self.speculate(request, engine, state, None)
+        self.matcher.speculate(request, engine, state, None)

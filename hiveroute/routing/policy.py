@@ -82,6 +82,10 @@ class Policy:
         for plugin in self.plugins:
             plugin.on_routed(request, engine, state)
 
+    def on_first_token(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
+        for plugin in self.plugins:
+            plugin.on_first_token(request, engine, state)
+
     def on_completed(
         self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
     ) -> None:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import ConfigError
 from hiveroute.kvindex.service import get_kv_index, get_tokenizer
+from hiveroute.routing.backlog import prefill_backlog
 from hiveroute.routing.base import Filter, Picker, Plugin, Scorer
 from hiveroute.routing.cache_aware import ApproxPrefixScorer, KvTtftScorer, LoadGuardFilter
 from hiveroute.routing.pickers import MaxScorePicker, RoundRobinPicker
@@ -57,7 +58,11 @@ PLUGINS: dict[str, PluginFactory] = {
     "session_affinity": lambda ctx, **kw: SessionAffinityScorer(**kw),
     "load_guard": lambda ctx, **kw: LoadGuardFilter(**kw),
     "kv_ttft": lambda ctx, **kw: KvTtftScorer(
-        get_kv_index(ctx.services), get_tokenizer(ctx.services), ttft_predictor(ctx), **kw
+        get_kv_index(ctx.services),
+        get_tokenizer(ctx.services),
+        ttft_predictor(ctx),
+        backlog=prefill_backlog(ctx.services),
+        **kw,
     ),
     "prefix_affinity": lambda ctx, **kw: ApproxPrefixScorer(get_tokenizer(ctx.services), **kw),
     "workflow_placement": lambda ctx, **kw: WorkflowPlacementScorer(ctx.services, **kw),
@@ -86,7 +91,8 @@ BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
         "picker": "max_score",
     },
     "kv": {
-        "filters": [{"name": "load_guard"}],
+        # looser than `prefix`'s guard: the TTFT prediction already weighs the load
+        "filters": [{"name": "load_guard", "load_factor": 2.0, "slack": 8}],
         "scorers": [{"name": "kv_ttft", "weight": 1.0}],
         "picker": "max_score",
     },

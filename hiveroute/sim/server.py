@@ -185,8 +185,8 @@ class _ChunkWriter:
     """
 
     __slots__ = (
-        "cache", "chat", "drop_after", "dropped", "engine", "handle", "head", "pending", "sent",
-        "transport", "urgent",
+        "cache", "chat", "drop_after", "dropped", "engine", "handle", "head", "pending",
+        "role_frame", "sent", "transport", "urgent",
     )  # fmt: skip
 
     def __init__(
@@ -209,6 +209,8 @@ class _ChunkWriter:
         self.pending: list[bytes] = []
         self.cache: dict[str, bytes] = {}
         self.urgent = False  # a pending chunk is the first token or the last: never held
+        # vLLM's chat stream opens with a role-only chunk, sent with the first token's
+        self.role_frame: bytes | None = self._role_frame() if chat else None
 
     def __call__(self, out: Output) -> None:
         framed = self.cache.get(out.text) if out.finish_reason is None else None
@@ -216,9 +218,13 @@ class _ChunkWriter:
             framed = self._frame(out)
             if out.finish_reason is None and len(self.cache) < 256:
                 self.cache[out.text] = framed  # the simulated model repeats a few pieces
-        self.pending.append(framed)
-        if not self.sent or out.finish_reason is not None:
+        if not self.sent:
             self.urgent = True
+            if self.role_frame is not None:
+                self.pending.append(self.role_frame)
+        elif out.finish_reason is not None:
+            self.urgent = True
+        self.pending.append(framed)
         self.sent += len(out.token_ids)
         engine = self.engine
         if (
@@ -235,6 +241,14 @@ class _ChunkWriter:
         else:
             self.flush()
 
+    def _role_frame(self) -> bytes:
+        choice = '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}'
+        return self._chunk(f"data: {self.head}{choice}]}}\n\n".encode())
+
+    @staticmethod
+    def _chunk(data: bytes) -> bytes:
+        return b"%x\r\n%b\r\n" % (len(data), data)
+
     def _frame(self, out: Output) -> bytes:
         """One SSE event as an HTTP chunk."""
         text = _dumps(out.text)
@@ -246,8 +260,7 @@ class _ChunkWriter:
             choice += "null}"
         else:
             choice += f'"{out.finish_reason}","stop_reason":{_dumps(out.stop_reason)}}}'
-        data = f"data: {self.head}{choice}]}}\n\n".encode()
-        return b"%x\r\n%b\r\n" % (len(data), data)
+        return self._chunk(f"data: {self.head}{choice}]}}\n\n".encode())
 
     def flush(self) -> None:
         """Send what is pending (called by the engine when the stream's interval is up)."""
@@ -297,11 +310,7 @@ async def _stream(
     await resp.prepare(request)
     obj = "chat.completion.chunk" if chat else "text_completion"
     head = f'{{"id":"{rid}","object":"{obj}","created":{created},"model":{json.dumps(model)},"choices":['
-    if chat:
-        first = '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}'
-        await resp.write(f"data: {head}{first}]}}\n\n".encode())
-    else:
-        await resp.write(b"")  # sends the headers now, before any chunk goes to the socket
+    await resp.write(b"")  # sends the headers now, before any chunk goes to the socket
     transport = request.transport
     if transport is None:
         return resp

@@ -26,6 +26,7 @@ import math
 from typing import Any, Protocol
 
 from hiveroute.engines.engine import Engine
+from hiveroute.routing.backlog import PrefillBacklog, prefill_backlog
 from hiveroute.routing.base import (
     CycleState,
     RequestOutcome,
@@ -33,12 +34,13 @@ from hiveroute.routing.base import (
     Scorer,
     ScorerCategory,
 )
+from hiveroute.routing.cache_aware import PrefixMatcher
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.workflows.registry import WorkflowView
 from hiveroute.workflows.scope import scoped
 
 VIEW_KEY = "workflow_view"
-ROUTED_KEY = "workflow_routed"  # (queue depth, estimated uncached tokens) at routing
+ROUTED_KEY = "workflow_routed"  # (decoding queue, prefill backlog, uncached tokens) at routing
 NEW_SPILL_KEY = "workflow_new_spill"
 MAX_AGENT_ENGINES = 1024
 TOKEN_IDS_KEY = "token_ids"  # shared with the cache-aware plugins when they ran first
@@ -161,6 +163,7 @@ class WorkflowPlacementScorer(Scorer):
         self.max_homes = max_homes
         self.home_margin = home_margin
         self.chars_per_token = chars_per_token  # learned from usage as requests complete
+        self._matcher: PrefixMatcher | None = None
 
     @property
     def service(self) -> Any:
@@ -172,9 +175,24 @@ class WorkflowPlacementScorer(Scorer):
     def predictor(self) -> TtftModel:
         return predictor_from(self.services)
 
+    @property
+    def backlog(self) -> PrefillBacklog:
+        return prefill_backlog(self.services)
+
+    @property
+    def matcher(self) -> PrefixMatcher:
+        """What the engines' KV events say each engine holds of a prompt (the `kv` policy's
+        index, tokenizer and per-cycle memo)."""
+        if self._matcher is None:
+            from hiveroute.kvindex.service import get_kv_index, get_tokenizer
+
+            self._matcher = PrefixMatcher(get_kv_index(self.services), get_tokenizer(self.services))
+        return self._matcher
+
     # --- before the decision: agree on the home --------------------------------------------
 
     async def prepare(self, request: RoutingRequest, state: CycleState) -> None:
+        self.matcher.tokens(request, state)
         name = request.metadata.workflow_id
         service = self.service
         if name is None or service is None:
@@ -214,26 +232,36 @@ class WorkflowPlacementScorer(Scorer):
         total = sum(e.load.queue_depth for e in candidates) + 1
         return math.ceil(self.load_factor * total / len(candidates)) + self.slack
 
-    def _cached(self, view: WorkflowView | None, engine: Engine, n_tokens: int) -> int:
-        """Tokens of this prompt the engine is expected to hold: the workflow's shared prefix
-        on its homes (put there by its earlier requests, a pre-warm, or a sibling in flight)."""
+    def _cached(
+        self,
+        request: RoutingRequest,
+        state: CycleState,
+        view: WorkflowView | None,
+        engine: Engine,
+        n_tokens: int,
+    ) -> int:
+        """Tokens of this prompt the engine is expected to hold: what its KV events say (an
+        agent's own history included), and at least the workflow's shared prefix on its homes
+        (put there by its earlier requests, a pre-warm, or a sibling in flight)."""
+        exact = min(n_tokens, self.matcher.match(request, engine, state).tokens)
         if view is None or engine.name not in view.engines:
-            return 0
-        return int(min(n_tokens, len(view.warm_text or "") / self.chars_per_token))
+            return exact
+        warm = int(min(n_tokens, len(view.warm_text or "") / self.chars_per_token))
+        return max(exact, warm)
 
     def score(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
     ) -> dict[str, float]:
         view: WorkflowView | None = state.get(VIEW_KEY)
         n = self.tokens(request, state)
-        predicted = {
-            e.name: self.predictor.predict(
-                e.name,
-                queue_depth=e.load.queue_depth,
-                uncached_tokens=max(0, n - self._cached(view, e, n)),
+        backlog = self.backlog
+        predicted: dict[str, float] = {}
+        for e in candidates:
+            cached = self._cached(request, state, view, e, n)
+            queue, to_prefill = backlog.features(e, max(0, n - cached))
+            predicted[e.name] = self.predictor.predict(
+                e.name, queue_depth=queue, uncached_tokens=to_prefill
             )
-            for e in candidates
-        }
         by_name = {e.name: e for e in candidates}
         bound = self.bound(candidates)
 
@@ -279,8 +307,10 @@ class WorkflowPlacementScorer(Scorer):
     def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
         view: WorkflowView | None = state.get(VIEW_KEY)
         n = self.tokens(request, state)
-        cached = self._cached(view, engine, n)
-        state[ROUTED_KEY] = (engine.load.queue_depth, max(0, n - cached))
+        uncached = max(0, n - self._cached(request, state, view, engine, n))
+        state[ROUTED_KEY] = (*self.backlog.features(engine, 0), uncached)
+        self.backlog.add(engine.name, uncached, state)
+        self.matcher.speculate(request, engine, state, None)  # siblings see it before events
         service = self.service
         agent = request.metadata.agent_id
         if view is not None and agent is not None:
@@ -291,9 +321,13 @@ class WorkflowPlacementScorer(Scorer):
             view.secondaries.append(engine.name)  # visible to the next sibling at once
             service.spawn(service.registry.add_secondary(view, engine.name))
 
+    def on_first_token(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
+        self.backlog.settle(state)
+
     def on_completed(
         self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
     ) -> None:
+        self.backlog.settle(state)
         routed = state.get(ROUTED_KEY)
         if outcome.ok and outcome.prompt_tokens:
             chars = prompt_chars(request)
@@ -305,12 +339,12 @@ class WorkflowPlacementScorer(Scorer):
             return
         if not request.body.get("stream") and (outcome.completion_tokens or 0) > 1:
             return  # a whole response's time is not a TTFT
-        queue_depth, uncached = routed
+        queue_depth, backlog, uncached = routed
         if outcome.prompt_tokens is not None and outcome.cached_tokens is not None:
             uncached = max(0, outcome.prompt_tokens - outcome.cached_tokens)
         self.predictor.observe(
             outcome.engine.name,
             queue_depth=queue_depth,
-            uncached_tokens=uncached,
+            uncached_tokens=backlog + uncached,
             ttft_s=outcome.ttft_s,
         )

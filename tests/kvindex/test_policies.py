@@ -13,6 +13,7 @@ from hiveroute.kvindex.request_tokens import PREFIX_MATCH_KEY, TOKEN_IDS_KEY
 from hiveroute.kvindex.tokenizer import BuiltinTokenizer
 from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.base import CycleState, Decision, RequestOutcome, RoutingRequest
+from hiveroute.routing.cache_aware import KvTtftScorer
 from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, build_policy
 from hiveroute.routing.ttft import TtftPredictor
@@ -100,7 +101,7 @@ async def test_load_guard_never_makes_the_cache_holder_the_bottleneck() -> None:
     pool.engines[0].load.in_flight = 3
     decision, _ = await route(policy, pool, request())
     assert decision.engine is pool.engines[0] and decision.reason == "kv_hit"  # worth the wait
-    pool.engines[0].load.in_flight = 10  # bound = ceil(1.5 * 11 / 4) + 2 = 7
+    pool.engines[0].load.in_flight = 20  # kv's guard: bound = ceil(2 * 21 / 4) + 8 = 19
     decision, _ = await route(policy, pool, request())
     assert decision.engine is not pool.engines[0] and decision.reason == "load_guard"
 
@@ -185,3 +186,35 @@ def test_bad_plugin_parameters_are_config_errors() -> None:
     custom = {"p": {"scorers": [{"name": "prefix_affinity", "ttl_s": 0}]}}
     with pytest.raises(ConfigError, match="ttl_s"):
         build_policy("p", PluginContext(pool, {}), custom)
+
+
+async def test_a_prefill_backlog_sends_the_next_request_elsewhere_until_its_first_token() -> None:
+    pool, policy, svc = make(2, "kv")
+    for e in pool.engines:
+        svc["kv_index"].set_block_size(e.name, BS)
+    holder, other = pool.engines
+    tokens = BuiltinTokenizer().encode(PROMPT)
+    cache_on(svc["kv_index"], holder.name, tokens[:128])  # a short cached prefix
+    long_prompt = " ".join(f"fresh{i}" for i in range(3000))  # ~6k uncached tokens
+    long_req = request(long_prompt, rid="long")
+    state = CycleState()
+    await policy.prepare(long_req, state)
+    policy.on_routed(long_req, holder, state)  # in flight there, not yet prefilled
+    holder.load.in_flight += 1
+    scorer = policy.scorers[0].scorer
+    assert isinstance(scorer, KvTtftScorer)
+    assert scorer.backlog.of(holder.name)[0] > 5000
+
+    async def decide(rid: str) -> Decision:  # choose only: no speculative entries left behind
+        probe = CycleState()
+        await policy.prepare(request(rid=rid), probe)
+        return policy.choose(request(rid=rid), pool.candidates("m"), probe)
+
+    decision = await decide("next")
+    assert decision.engine is other and decision.reason == "kv_ttft_tradeoff"
+    policy.on_first_token(long_req, holder, state)  # prefill over: now it only decodes
+    assert scorer.backlog.of(holder.name) == (0, 0)
+    decision = await decide("again")
+    assert decision.engine is holder and decision.reason == "kv_hit"
+    policy.on_completed(long_req, RequestOutcome(holder, 200, ttft_s=0.5), state)
+    assert scorer.backlog.of(holder.name) == (0, 0)  # settled once, not twice

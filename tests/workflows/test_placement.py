@@ -122,3 +122,45 @@ async def test_an_agent_returns_to_its_own_engine_among_the_homes() -> None:
     for engine in router.pool.engines:
         engine.load.in_flight = 0
     assert await route(router, request("w", "executor-1", "r3")) == (home, "workflow_home")
+
+
+async def test_a_pending_prefill_counts_until_its_first_token() -> None:
+    router, _ = make_router(n=2)
+    a, b = router.pool.engines
+    b.load.in_flight = 1  # decoding: cheap to join
+    huge = RoutingRequest(
+        request_id="huge",
+        path="/v1/completions",
+        body={"model": "m", "prompt": "many fresh words " * 20000},
+        metadata=RequestMetadata(),
+    )
+    state = CycleState()
+    await router.policy.prepare(huge, state)
+    router.policy.on_routed(huge, a, state)  # a now has ~80k tokens to prefill first
+    a.load.in_flight += 1
+    assert await route(router, request(None, "x", "r1")) == (b.name, "workflow_none")
+    router.policy.on_first_token(huge, a, state)  # prefilled: a only decodes it now
+    b.load.in_flight = 2
+    assert await route(router, request(None, "x", "r2")) == (a.name, "workflow_none")
+
+
+async def test_placement_reads_what_the_kv_index_says_each_engine_holds() -> None:
+    from hiveroute.kvindex.blocks import block_keys
+    from hiveroute.kvindex.events import BlockStored
+    from hiveroute.kvindex.request_tokens import TOKEN_IDS_KEY
+
+    router, _ = make_router(n=3)
+    a, _idle, c = router.pool.engines
+    a.load.in_flight, c.load.in_flight = 1, 1  # the middle one is idle ...
+    req = request(None, "x", "r1")
+    state = CycleState()
+    await router.policy.prepare(req, state)
+    tokens = state[TOKEN_IDS_KEY]
+    assert tokens and len(tokens) > 1000
+    index = router.services["kv_index"]
+    size = 16
+    count = len(tokens) // size
+    hashes = [hash(k) for k in block_keys(tokens, size)][:count]
+    index.apply(c.name, BlockStored(hashes, None, tokens[: count * size], size))
+    # ... but c holds the whole prompt: predicted TTFT there is a queue slot, not a prefill
+    assert await route(router, req) == (c.name, "workflow_none")
