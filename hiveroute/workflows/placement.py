@@ -116,14 +116,14 @@ def prompt_chars(request: RoutingRequest) -> int:
     return 0
 
 
-def home_fitness(engine: Engine, homed: float = 0.0) -> float:
+def home_fitness(engine: Engine, homed: float = 0.0, home_weight: float = 1.0) -> float:
     """How good a new home `engine` is: free KV capacity over load.
 
     `homed` counts the active workflows already living there (secondaries half): their agents
     will come back, so an engine idle this instant but home to many workflows is not free.
     """
     free = max(0.0, 1.0 - engine.load.kv_usage)
-    return (0.1 + free) / (1.0 + engine.load.queue_depth + homed)
+    return (0.1 + free) / (1.0 + engine.load.queue_depth + home_weight * homed)
 
 
 def homed_counts(views: list[WorkflowView]) -> dict[str, float]:
@@ -134,9 +134,14 @@ def homed_counts(views: list[WorkflowView]) -> dict[str, float]:
     return counts
 
 
-def best_home(candidates: list[Engine], views: list[WorkflowView]) -> Engine:
+def best_home(
+    candidates: list[Engine], views: list[WorkflowView], home_weight: float = 1.0
+) -> Engine:
     counts = homed_counts(views)
-    return max(candidates, key=lambda e: (home_fitness(e, counts.get(e.name, 0.0)), e.name))
+    return max(
+        candidates,
+        key=lambda e: (home_fitness(e, counts.get(e.name, 0.0), home_weight), e.name),
+    )
 
 
 class WorkflowPlacementScorer(Scorer):
@@ -152,10 +157,11 @@ class WorkflowPlacementScorer(Scorer):
         max_homes: int = 2,
         home_margin: float = 8.0,
         chars_per_token: float = 4.0,
+        home_weight: float = 1.0,
     ) -> None:
         if load_factor < 1.0:
             raise ValueError("load_factor must be at least 1.0")
-        if slack < 0 or max_homes < 1 or home_margin < 0 or chars_per_token <= 0:
+        if slack < 0 or max_homes < 1 or home_margin < 0 or chars_per_token <= 0 or home_weight < 0:
             raise ValueError("slack and home_margin must be >= 0, max_homes >= 1")
         self.services = services
         self.load_factor = load_factor
@@ -163,6 +169,9 @@ class WorkflowPlacementScorer(Scorer):
         self.max_homes = max_homes
         self.home_margin = home_margin
         self.chars_per_token = chars_per_token  # learned from usage as requests complete
+        # how many queued requests a workflow already homed on an engine counts for when
+        # choosing a new home: its agents will come back after their tool calls
+        self.home_weight = home_weight
         self._matcher: PrefixMatcher | None = None
 
     @property
@@ -209,12 +218,12 @@ class WorkflowPlacementScorer(Scorer):
             return
         names = {e.name for e in candidates}
         if view.home is None:
-            best = best_home(candidates, service.registry.active_views())
+            best = best_home(candidates, service.registry.active_views(), self.home_weight)
             await service.registry.claim_home(view, best.name)
             if view.home == best.name:
                 state[REASON_KEY] = "workflow_new_home"
         elif pool.get(view.home) is None:  # the home left the pool: move it
-            best = best_home(candidates, service.registry.active_views())
+            best = best_home(candidates, service.registry.active_views(), self.home_weight)
             await service.registry.replace_home(view, view.home, best.name)
             state[REASON_KEY] = "workflow_home_moved"
         elif view.home not in names and view.secondaries:

@@ -164,3 +164,21 @@ async def test_placement_reads_what_the_kv_index_says_each_engine_holds() -> Non
     index.apply(c.name, BlockStored(hashes, None, tokens[: count * size], size))
     # ... but c holds the whole prompt: predicted TTFT there is a queue slot, not a prefill
     assert await route(router, req) == (c.name, "workflow_none")
+
+
+async def test_home_weight_makes_homed_workflows_count_like_queued_requests() -> None:
+    async def new_home(weight: float) -> str:
+        router, _ = make_router(n=2, home_weight=weight)
+        first, second = router.pool.engines
+        second.load.in_flight = 100  # busy while two workflows arrive: both settle on `first`
+        for i in range(2):
+            home, _ = await route(router, request(f"w{i}", "planner", f"r{i}"))
+            assert home == first.name
+            first.load.in_flight = 0  # their agents are in a tool call now
+        second.load.in_flight = 3  # serving three requests, home to no workflow
+        home, reason = await route(router, request("new", "planner", "r9"))
+        assert reason == "workflow_new_home"
+        return "homed" if home == first.name else "busy"
+
+    assert await new_home(1.0) == "homed"  # 3 queued requests outweigh 2 homed workflows
+    assert await new_home(8.0) == "busy"  # each homed workflow counts as 8 requests
