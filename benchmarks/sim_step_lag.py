@@ -176,12 +176,6 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
         resets = sum(e.timeline_resets for e in fleet.engines) - resets0
         chunks = sum(e.chunks_written for e in fleet.engines) - chunks0
         writes = sum(e.socket_writes for e in fleet.engines) - writes0
-        if os.environ.get("SIM_LAG_DUMP"):
-            import json
-
-            Path(os.environ["SIM_LAG_DUMP"]).write_text(
-                json.dumps([list(e.step_lags) for e in fleet.engines])
-            )
     finally:
         await asyncio.get_running_loop().run_in_executor(None, client.join, args.duration + 60)
         if client.is_alive():

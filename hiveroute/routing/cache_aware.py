@@ -145,7 +145,6 @@ class _CacheScorer(Scorer):
     def __init__(self, matcher: PrefixMatcher) -> None:
         self.matcher = matcher
         self.index = matcher.index
-        self.tokenizer = matcher.tokenizer
 
     async def prepare(self, request: RoutingRequest, state: CycleState) -> None:
         self.matcher.tokens(request, state)
@@ -196,7 +195,7 @@ class KvTtftScorer(_CacheScorer):
     def score(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
     ) -> dict[str, float]:
-        tokens = request_token_ids(request, state, self.tokenizer)
+        tokens = self.matcher.tokens(request, state)
         n_tokens = len(tokens) if tokens else 0
         predicted: dict[str, float] = state.setdefault(TTFT_KEY, {})
         cached: dict[str, int] = {}
@@ -248,7 +247,7 @@ class KvTtftScorer(_CacheScorer):
 
     def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
         m = self.match(request, engine, state)
-        tokens = request_token_ids(request, state, self.tokenizer)
+        tokens = self.matcher.tokens(request, state)
         n_tokens = len(tokens) if tokens else 0
         uncached = max(0, n_tokens - m.tokens)
         queue, to_prefill = self.backlog.features(engine, 0)
@@ -321,7 +320,7 @@ class ApproxPrefixScorer(_CacheScorer):
     def score(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
     ) -> dict[str, float]:
-        tokens = request_token_ids(request, state, self.tokenizer)
+        tokens = self.matcher.tokens(request, state)
         if not tokens:
             state.setdefault(REASON_KEY, "no_tokens")
             return {}

@@ -27,7 +27,7 @@ from hiveroute.routing.cache_aware import ApproxPrefixScorer, KvTtftScorer, Load
 from hiveroute.routing.pickers import MaxScorePicker, RoundRobinPicker
 from hiveroute.routing.policy import Policy, WeightedScorer
 from hiveroute.routing.scorers import LoadScorer, SessionAffinityScorer
-from hiveroute.routing.ttft import TtftPredictor
+from hiveroute.routing.ttft import shared_ttft_predictor
 from hiveroute.workflows.placement import WorkflowPlacementScorer
 
 
@@ -43,14 +43,6 @@ T = TypeVar("T")
 PluginFactory = Callable[..., Plugin]
 
 
-def ttft_predictor(ctx: PluginContext) -> TtftPredictor:
-    """The router's one TTFT predictor, shared by every plugin that predicts (kv, workflow)."""
-    if "ttft_predictor" not in ctx.services:
-        ctx.services["ttft_predictor"] = TtftPredictor()
-    predictor: TtftPredictor = ctx.services["ttft_predictor"]
-    return predictor
-
-
 PLUGINS: dict[str, PluginFactory] = {
     "round_robin": lambda ctx: RoundRobinPicker(),
     "max_score": lambda ctx: MaxScorePicker(),
@@ -60,7 +52,7 @@ PLUGINS: dict[str, PluginFactory] = {
     "kv_ttft": lambda ctx, **kw: KvTtftScorer(
         get_kv_index(ctx.services),
         get_tokenizer(ctx.services),
-        ttft_predictor(ctx),
+        shared_ttft_predictor(ctx.services),
         backlog=prefill_backlog(ctx.services),
         **kw,
     ),

@@ -12,6 +12,7 @@ recompute. The `kv` policy uses this object; the `workflow` policy reuses it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -127,3 +128,12 @@ class TtftPredictor:
         # costs are physical: never negative, and the prefill cost never collapses to zero
         model.theta = np.maximum(model.theta, [0.0, 0.0, 1e-9 * _TOKEN_SCALE])
         model.observations += 1
+
+
+def shared_ttft_predictor(services: dict[str, Any]) -> TtftPredictor:
+    """The router's one TTFT predictor, shared by every plugin that predicts (kv, workflow)."""
+    found = services.get("ttft_predictor")
+    if found is None:
+        found = services["ttft_predictor"] = TtftPredictor()
+    predictor: TtftPredictor = found
+    return predictor

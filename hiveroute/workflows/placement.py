@@ -21,9 +21,8 @@ workflow id: least predicted TTFT), workflow_home_moved (the home left the pool)
 
 from __future__ import annotations
 
-import importlib
 import math
-from typing import Any, Protocol
+from typing import Any
 
 from hiveroute.engines.engine import Engine
 from hiveroute.routing.backlog import PrefillBacklog, prefill_backlog
@@ -36,6 +35,7 @@ from hiveroute.routing.base import (
 )
 from hiveroute.routing.cache_aware import PrefixMatcher
 from hiveroute.routing.policy import REASON_KEY
+from hiveroute.routing.ttft import TtftPredictor, shared_ttft_predictor
 from hiveroute.workflows.registry import WorkflowView
 from hiveroute.workflows.scope import scoped
 
@@ -44,57 +44,6 @@ ROUTED_KEY = "workflow_routed"  # (decoding queue, prefill backlog, uncached tok
 NEW_SPILL_KEY = "workflow_new_spill"
 MAX_AGENT_ENGINES = 1024
 TOKEN_IDS_KEY = "token_ids"  # shared with the cache-aware plugins when they ran first
-
-
-class TtftModel(Protocol):
-    """What placement needs from a TTFT predictor (the `kv` policy's TtftPredictor fits)."""
-
-    def predict(self, engine: str, *, queue_depth: float, uncached_tokens: int) -> float: ...
-
-    def observe(
-        self, engine: str, *, queue_depth: float, uncached_tokens: int, ttft_s: float
-    ) -> None: ...
-
-
-class SimpleTtftPredictor:
-    """base + queue × per-request + uncached × per-token, the per-token cost learned (EWMA)."""
-
-    def __init__(
-        self, *, base_s: float = 0.01, queue_s: float = 0.02, prefill_s_per_token: float = 1e-4
-    ) -> None:
-        self.base_s = base_s
-        self.queue_s = queue_s
-        self.default_prefill = prefill_s_per_token
-        self.prefill: dict[str, float] = {}
-
-    def predict(self, engine: str, *, queue_depth: float, uncached_tokens: int) -> float:
-        per_token = self.prefill.get(engine, self.default_prefill)
-        return self.base_s + self.queue_s * max(0.0, queue_depth) + per_token * uncached_tokens
-
-    def observe(
-        self, engine: str, *, queue_depth: float, uncached_tokens: int, ttft_s: float
-    ) -> None:
-        if uncached_tokens < 256 or not 0 < ttft_s < 3600:
-            return
-        sample = (ttft_s - self.base_s - self.queue_s * max(0.0, queue_depth)) / uncached_tokens
-        if sample <= 0:
-            return
-        old = self.prefill.get(engine, self.default_prefill)
-        self.prefill[engine] = 0.8 * old + 0.2 * sample
-
-
-def predictor_from(services: dict[str, Any]) -> TtftModel:
-    """The router's one TTFT predictor, shared with the `kv` policy: its learned per-engine
-    model (hiveroute.routing.ttft) when this build has it, else the simple one above."""
-    found = services.get("ttft_predictor")
-    if found is None:
-        try:
-            found = importlib.import_module("hiveroute.routing.ttft").TtftPredictor()
-        except (ImportError, AttributeError):
-            found = SimpleTtftPredictor()
-        services["ttft_predictor"] = found
-    predictor: TtftModel = found
-    return predictor
 
 
 def prompt_chars(request: RoutingRequest) -> int:
@@ -181,8 +130,8 @@ class WorkflowPlacementScorer(Scorer):
         return get_workflow_service(self.services)
 
     @property
-    def predictor(self) -> TtftModel:
-        return predictor_from(self.services)
+    def predictor(self) -> TtftPredictor:
+        return shared_ttft_predictor(self.services)
 
     @property
     def backlog(self) -> PrefillBacklog:
