@@ -1,7 +1,8 @@
 """Workflow placement: the `workflow` policy's scorer.
 
-A new workflow gets a home engine chosen for free KV capacity and load; every replica agrees on
-it (set-if-absent in the state store). Its agents follow the home while the predicted TTFT there
+A new workflow gets a home engine among those home to the fewest active workflows (weighted by
+context size), the freest of them now; every replica agrees on it (set-if-absent in the state
+store). Its agents follow the home while the predicted TTFT there
 is not far worse than the alternatives' (`home_margin`: by default up to 9 × the best, since
 leaving costs a prefill and a second copy of the context) and its load stays under a loose
 bounded-load limit (8 × the average + 32 by default: measured, staying home beats spilling early
@@ -43,6 +44,8 @@ VIEW_KEY = "workflow_view"
 ROUTED_KEY = "workflow_routed"  # (decoding queue, prefill backlog, uncached tokens) at routing
 NEW_SPILL_KEY = "workflow_new_spill"
 MAX_AGENT_ENGINES = 1024
+HOME_TOLERANCE = 0.5  # workflows of average size an engine may be home to beyond the least
+HOME_FADE_S = 60.0  # an idle workflow's weight on its home fades after this, then decays
 TOKEN_IDS_KEY = "token_ids"  # shared with the cache-aware plugins when they ran first
 
 
@@ -65,32 +68,60 @@ def prompt_chars(request: RoutingRequest) -> int:
     return 0
 
 
-def home_fitness(engine: Engine, homed: float = 0.0, home_weight: float = 1.0) -> float:
-    """How good a new home `engine` is: free KV capacity over load.
-
-    `homed` counts the active workflows already living there (secondaries half): their agents
-    will come back, so an engine idle this instant but home to many workflows is not free.
-    """
+def home_fitness(engine: Engine) -> float:
+    """How free `engine` is this instant: free KV capacity over queued requests."""
     free = max(0.0, 1.0 - engine.load.kv_usage)
-    return (0.1 + free) / (1.0 + engine.load.queue_depth + home_weight * homed)
+    return (0.1 + free) / (1.0 + engine.load.queue_depth)
 
 
-def homed_counts(views: list[WorkflowView]) -> dict[str, float]:
-    counts: dict[str, float] = {}
+def homed_load(
+    views: list[WorkflowView], now: float, fade_s: float = HOME_FADE_S
+) -> dict[str, float]:
+    """What each engine is home to, in workflows of average context size (secondaries half).
+
+    A workflow's agents come back to its home after every tool call, so the workflows living on
+    an engine say more about its load to come than its queue this instant (a fan-out's burst or
+    a round of tool calls). A workflow's weight is its shared context's size (the KV it keeps
+    resident there) over the average, and fades once it has been idle for `fade_s`: one that
+    finished without being ended no longer counts after a few minutes.
+    """
+    sizes = [len(v.warm_text) for v in views if v.warm_text]
+    mean = sum(sizes) / len(sizes) if sizes else 1.0
+    loads: dict[str, float] = {}
     for view in views:
+        size = len(view.warm_text) / mean if view.warm_text else 1.0
+        idle = max(0.0, now - view.last_active_at - fade_s)
+        weight = size * math.exp(-idle / fade_s)
         for i, name in enumerate(view.engines):
-            counts[name] = counts.get(name, 0.0) + (1.0 if i == 0 else 0.5)
-    return counts
+            loads[name] = loads.get(name, 0.0) + (weight if i == 0 else 0.5 * weight)
+    return loads
 
 
 def best_home(
-    candidates: list[Engine], views: list[WorkflowView], home_weight: float = 1.0
+    candidates: list[Engine],
+    views: list[WorkflowView],
+    now: float,
+    home_tolerance: float = HOME_TOLERANCE,
 ) -> Engine:
-    counts = homed_counts(views)
-    return max(
-        candidates,
-        key=lambda e: (home_fitness(e, counts.get(e.name, 0.0), home_weight), e.name),
-    )
+    """A new workflow's home: among the engines home to the fewest workflows (within
+    `home_tolerance` of an average workflow), the freest now.
+
+    Balancing homes first is what keeps the fleet's KV and decode load even over a workflow's
+    life (SGLang's router gets the same from sending unmatched prompts to its smallest tree);
+    an instant's queue only breaks the tie.
+    """
+    loads = homed_load(views, now)
+    least = min(loads.get(e.name, 0.0) for e in candidates)
+    near = [e for e in candidates if loads.get(e.name, 0.0) <= least + home_tolerance + 1e-9]
+    return max(near, key=lambda e: (home_fitness(e), e.name))
+
+
+def new_home(
+    service: Any, candidates: list[Engine], home_tolerance: float = HOME_TOLERANCE
+) -> Engine:
+    """`best_home` over the workflows this replica knows to be active (`WorkflowService`)."""
+    registry = service.registry
+    return best_home(candidates, registry.active_views(), registry.clock(), home_tolerance)
 
 
 class WorkflowPlacementScorer(Scorer):
@@ -106,21 +137,29 @@ class WorkflowPlacementScorer(Scorer):
         max_homes: int = 2,
         home_margin: float = 8.0,
         chars_per_token: float = 4.0,
-        home_weight: float = 1.0,
+        home_tolerance: float = HOME_TOLERANCE,
     ) -> None:
         if load_factor < 1.0:
             raise ValueError("load_factor must be at least 1.0")
-        if slack < 0 or max_homes < 1 or home_margin < 0 or chars_per_token <= 0 or home_weight < 0:
-            raise ValueError("slack and home_margin must be >= 0, max_homes >= 1")
+        if (
+            slack < 0
+            or max_homes < 1
+            or home_margin < 0
+            or chars_per_token <= 0
+            or home_tolerance < 0
+        ):
+            raise ValueError(
+                "slack, home_margin and home_tolerance must be >= 0, max_homes >= 1, "
+                "chars_per_token > 0"
+            )
         self.services = services
         self.load_factor = load_factor
         self.slack = slack
         self.max_homes = max_homes
         self.home_margin = home_margin
         self.chars_per_token = chars_per_token  # learned from usage as requests complete
-        # how many queued requests a workflow already homed on an engine counts for when
-        # choosing a new home: its agents will come back after their tool calls
-        self.home_weight = home_weight
+        # how far past the least-homed engine a new home may be (in average workflows)
+        self.home_tolerance = home_tolerance
         self._matcher: PrefixMatcher | None = None
 
     @property
@@ -167,12 +206,12 @@ class WorkflowPlacementScorer(Scorer):
             return
         names = {e.name for e in candidates}
         if view.home is None:
-            best = best_home(candidates, service.registry.active_views(), self.home_weight)
+            best = new_home(service, candidates, self.home_tolerance)
             await service.registry.claim_home(view, best.name)
             if view.home == best.name:
                 state[REASON_KEY] = "workflow_new_home"
         elif pool.get(view.home) is None:  # the home left the pool: move it
-            best = best_home(candidates, service.registry.active_views(), self.home_weight)
+            best = new_home(service, candidates, self.home_tolerance)
             await service.registry.replace_home(view, view.home, best.name)
             state[REASON_KEY] = "workflow_home_moved"
         elif view.home not in names and view.secondaries:

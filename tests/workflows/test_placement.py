@@ -2,10 +2,16 @@
 
 from typing import Any
 
+import pytest
+
 from hiveroute.config import RouterConfig
+from hiveroute.engines.engine import Engine, EngineSpec
 from hiveroute.gateway.router import Router
 from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.base import CycleState, RoutingRequest
+from hiveroute.workflows.model import WorkflowSettings
+from hiveroute.workflows.placement import WorkflowPlacementScorer, best_home, homed_load
+from hiveroute.workflows.registry import WorkflowView
 from hiveroute.workflows.service import WorkflowService
 
 SHARED = "shared context words. " * 400
@@ -166,19 +172,47 @@ async def test_placement_reads_what_the_kv_index_says_each_engine_holds() -> Non
     assert await route(router, req) == (c.name, "workflow_none")
 
 
-async def test_home_weight_makes_homed_workflows_count_like_queued_requests() -> None:
-    async def new_home(weight: float) -> str:
-        router, _ = make_router(n=2, home_weight=weight)
+async def test_a_new_workflow_goes_to_the_engine_home_to_fewest_workflows_not_the_idlest() -> None:
+    async def new_home(tolerance: float) -> str:
+        router, _ = make_router(n=2, home_tolerance=tolerance)
+        placement = router.policy.scorers[0].scorer
+        assert isinstance(placement, WorkflowPlacementScorer)
         first, second = router.pool.engines
         second.load.in_flight = 100  # busy while two workflows arrive: both settle on `first`
+        placement.home_tolerance = 10.0  # (balancing would send the second to `second`)
         for i in range(2):
             home, _ = await route(router, request(f"w{i}", "planner", f"r{i}"))
             assert home == first.name
             first.load.in_flight = 0  # their agents are in a tool call now
+        placement.home_tolerance = tolerance
         second.load.in_flight = 3  # serving three requests, home to no workflow
         home, reason = await route(router, request("new", "planner", "r9"))
         assert reason == "workflow_new_home"
         return "homed" if home == first.name else "busy"
 
-    assert await new_home(1.0) == "homed"  # 3 queued requests outweigh 2 homed workflows
-    assert await new_home(8.0) == "busy"  # each homed workflow counts as 8 requests
+    assert await new_home(0.5) == "busy"  # two homed workflows will be back: balance the homes
+    assert await new_home(2.5) == "homed"  # homes within the tolerance: the idlest now wins
+
+
+def test_homed_load_weighs_workflows_by_context_size_and_fades_when_idle() -> None:
+    def view(name: str, home: str, text: str, active_at: float, second: str = "") -> WorkflowView:
+        v = WorkflowView(settings=WorkflowSettings(id=name, created_at=0.0, ttl_s=600.0))
+        v.home, v.warm_text, v.last_active_at = home, text, active_at
+        v.secondaries = [second] if second else []
+        return v
+
+    now = 1000.0
+    views = [
+        view("big", "a:1", "x" * 3000, now, second="c:1"),
+        view("small", "b:1", "x" * 1000, now),
+        view("gone", "c:1", "x" * 2000, now - 600.0),  # idle for ten minutes
+    ]
+    loads = homed_load(views, now)
+    assert loads["a:1"] == pytest.approx(1.5)  # three times the small one's context (mean 2000)
+    assert loads["b:1"] == pytest.approx(0.5)
+    assert loads["c:1"] == pytest.approx(0.75, abs=0.01)  # half of "big"; "gone" has faded
+    a, b, c = (Engine(spec=EngineSpec(url=f"http://{n}:1")) for n in "abc")
+    c.load.in_flight = 2
+    assert best_home([a, b, c], views, now).name == "b:1"  # a is idle but home to most
+    b.load.in_flight = 5
+    assert best_home([a, b, c], views, now).name == "c:1"  # within the tolerance of b: freer
