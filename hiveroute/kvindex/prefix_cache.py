@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 # Encode(text, add_special_tokens) -> (ids, start offset of each token in text)
 EncodeWithOffsets = Callable[[str, bool], tuple[list[int], list[int]]]
+# (text, pos) -> whether a token that starts at pos makes every token before it final, whatever
+# follows; pos and pos + 1 lie inside the text's common prefix with the cached one.
+SplitRule = Callable[[str, int], bool]
 
 MIN_CACHED_CHARS = 2048  # shorter texts are cheap to encode whole
 _PROBE = 256  # characters that pick candidate entries (a prefix shorter than this is no win)
@@ -52,11 +55,28 @@ def tokenizer_supports_prefix_reuse(tokenizer_json: str) -> bool:
     return "ByteLevel" in kinds and all(k in ("ByteLevel", "Split", "Digits") for k in kinds)
 
 
+def byte_level_split(text: str, pos: int) -> bool:
+    """A byte-level BPE's safe split: a space then a letter, after a non-space."""
+    return text[pos] == " " and text[pos + 1].isalpha() and not text[pos - 1].isspace()
+
+
+def any_token_start(text: str, pos: int) -> bool:
+    """Every token start is final (pre-tokenizers whose pieces end where the next begins)."""
+    return True
+
+
 class PrefixEncodeCache:
     """An LRU of recent encodings, used to encode only the new suffix of a text."""
 
-    def __init__(self, encode: EncodeWithOffsets, *, max_entries: int = 64) -> None:
+    def __init__(
+        self,
+        encode: EncodeWithOffsets,
+        *,
+        max_entries: int = 64,
+        safe_split: SplitRule = byte_level_split,
+    ) -> None:
         self._encode = encode
+        self._safe_split = safe_split
         self.max_entries = max_entries
         self._entries: OrderedDict[tuple[bool, str], list[_Entry]] = OrderedDict()
         self._count = 0
@@ -77,7 +97,7 @@ class PrefixEncodeCache:
         ids: list[int] | None = None
         starts: list[int] = []
         if best is not None:
-            cut = _safe_cut(best, text, best_common)
+            cut = _safe_cut(best, text, best_common, self._safe_split)
             if cut is not None:
                 k, pos = cut
                 tail_ids, tail_starts = self._encode(text[pos:], False)
@@ -122,7 +142,9 @@ def _common_prefix(a: str, b: str) -> int:
     return lo
 
 
-def _safe_cut(entry: _Entry, text: str, common: int) -> tuple[int, int] | None:
+def _safe_cut(
+    entry: _Entry, text: str, common: int, safe_split: SplitRule
+) -> tuple[int, int] | None:
     """(tokens to keep, char position) of the last safe split inside the common prefix."""
     # the split's next character must lie in the common prefix too, and the cached text must
     # continue past the split (its tokens there were not shaped by the text's end)
@@ -132,11 +154,6 @@ def _safe_cut(entry: _Entry, text: str, common: int) -> tuple[int, int] | None:
         if k <= 0:
             return None
         pos = entry.starts[k]
-        if (
-            text[pos] == " "
-            and text[pos + 1].isalpha()
-            and not text[pos - 1].isspace()
-            and entry.starts[k - 1] < pos
-        ):
+        if entry.starts[k - 1] < pos and safe_split(text, pos):
             return k, pos
     return None

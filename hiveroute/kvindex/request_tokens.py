@@ -28,12 +28,22 @@ def request_token_ids(
     """The prompt's token ids (cached in `state`); None when the prompt cannot be tokenized
     here, in which case cache-aware plugins route on load alone and the engine has its say."""
     if TOKEN_IDS_KEY not in state:
+        state[TOKEN_IDS_KEY] = prompt_tokens_of(request, tokenizer)
+    tokens: list[int] | None = state[TOKEN_IDS_KEY]
+    return tokens
+
+
+def prompt_tokens_of(request: RoutingRequest, tokenizer: Tokenizer) -> list[int] | None:
+    """The prompt's token ids, tokenized once per request and tokenizer (`request.memo`);
+    None when the prompt cannot be tokenized here."""
+    key = f"token_ids:{tokenizer.name}"
+    if key not in request.memo:
         try:
-            state[TOKEN_IDS_KEY] = prompt_token_ids(tokenizer, request.path, request.body)
+            request.memo[key] = prompt_token_ids(tokenizer, request.path, request.body)
         except (HiverouteError, ValueError, TypeError) as exc:
             log.debug("cannot tokenize request %s: %s", request.request_id, exc)
-            state[TOKEN_IDS_KEY] = None
-    tokens: list[int] | None = state[TOKEN_IDS_KEY]
+            request.memo[key] = None
+    tokens: list[int] | None = request.memo[key]
     return tokens
 
 

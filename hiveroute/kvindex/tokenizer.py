@@ -17,11 +17,16 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Protocol
 
 from hiveroute.errors import BadRequest, ConfigError
-from hiveroute.kvindex.prefix_cache import PrefixEncodeCache, tokenizer_supports_prefix_reuse
+from hiveroute.kvindex.prefix_cache import (
+    PrefixEncodeCache,
+    any_token_start,
+    tokenizer_supports_prefix_reuse,
+)
 
 Message = dict[str, Any]
 
@@ -100,6 +105,8 @@ class BuiltinTokenizer:
         self.vocab_size = vocab_size
         self._ids: dict[str, int] = {}
         self._pieces: dict[int, str] = {}
+        # Pieces end where the next begins, so any piece boundary splits a text safely.
+        self.prefix_cache = PrefixEncodeCache(self._encode_with_offsets, safe_split=any_token_start)
 
     def _piece_id(self, piece: str) -> int:
         found = self._ids.get(piece)
@@ -113,9 +120,22 @@ class BuiltinTokenizer:
         return token
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        ids = [BUILTIN_SPECIAL["<s>"]] if add_special_tokens else []
-        ids.extend(self._piece_id(m.group()) for m in _PIECE.finditer(text))
-        return ids
+        return self.prefix_cache.encode(text, add_special_tokens)
+
+    def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """A full encode, bypassing the prefix cache (tests and benchmarks compare with it)."""
+        return self._encode_with_offsets(text, add_special_tokens)[0]
+
+    def _encode_with_offsets(
+        self, text: str, add_special_tokens: bool
+    ) -> tuple[list[int], list[int]]:
+        pieces = _PIECE.findall(text)  # they tile the text: each starts where the last ended
+        known = self._ids.get
+        ids = [known(p) or self._piece_id(p) for p in pieces]
+        starts = [0, *accumulate(map(len, pieces[:-1]))] if pieces else []
+        if add_special_tokens:
+            return [BUILTIN_SPECIAL["<s>"], *ids], [0, *starts]
+        return ids, starts
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self._pieces.get(i, "") for i in ids if i >= _FIRST_ID)

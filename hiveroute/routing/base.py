@@ -34,6 +34,9 @@ class RoutingRequest:
     body: dict[str, Any]
     metadata: RequestMetadata
     tenant: str | None = None
+    # What was derived from the body once (its token ids per tokenizer), for every plugin and
+    # hook of this request: a 16k-token prompt is tokenized once, not once per reader.
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def model(self) -> str | None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any
 
-from hiveroute.errors import HiverouteError
-from hiveroute.kvindex.tokenizer import Tokenizer, prompt_token_ids
+from hiveroute.kvindex.request_tokens import prompt_tokens_of
+from hiveroute.kvindex.tokenizer import Tokenizer
+from hiveroute.routing.base import RoutingRequest
 
 log = logging.getLogger("hiveroute.workflows")
 
@@ -41,12 +41,9 @@ class CrossAgentAccountant:
         self._maps: OrderedDict[str, dict[str, dict[int, Origin]]] = OrderedDict()
         self._sizes: dict[str, int] = {}
 
-    def token_ids(self, path: str, body: dict[str, Any]) -> list[int] | None:
-        try:
-            return prompt_token_ids(self.tokenizer, path, body)
-        except (HiverouteError, ValueError, TypeError) as exc:
-            log.debug("cannot tokenize for accounting: %s", exc)
-            return None
+    def token_ids(self, request: RoutingRequest) -> list[int] | None:
+        """The request's prompt tokens (those routing computed, when it did)."""
+        return prompt_tokens_of(request, self.tokenizer)
 
     def _chain(self, tokens: list[int]) -> list[int]:
         size = self.block_size

@@ -273,7 +273,7 @@ class WorkflowService:
         engine = outcome.engine.name
         cross: int | None = None
         if outcome.ok and outcome.prompt_tokens is not None:
-            tokens = self.accountant.token_ids(request.path, request.body)
+            tokens = self.accountant.token_ids(request)
             if tokens is not None:
                 cross = self.accountant.account(
                     view.id,

@@ -8,7 +8,7 @@ import pytest
 
 from hiveroute.engines.vllm_local import CHAT_TEMPLATE, _train_tokenizer
 from hiveroute.kvindex.prefix_cache import tokenizer_supports_prefix_reuse
-from hiveroute.kvindex.tokenizer import HFTokenizer, prompt_token_ids
+from hiveroute.kvindex.tokenizer import BuiltinTokenizer, HFTokenizer, prompt_token_ids
 
 WORDS = "the agent plan tool résumé 42 café, x.y: don't  foo\nbar\t baz ünï 🙂 <s> result".split(
     " "
@@ -24,8 +24,9 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def test_growing_and_branching_texts_encode_exactly(tokenizer_dir: Path) -> None:
-    tok = HFTokenizer(tokenizer_dir)
+@pytest.mark.parametrize("kind", ["hf", "builtin"])
+def test_growing_and_branching_texts_encode_exactly(tokenizer_dir: Path, kind: str) -> None:
+    tok = HFTokenizer(tokenizer_dir) if kind == "hf" else BuiltinTokenizer()
     assert tok.prefix_cache is not None
     rng = random.Random(7)
     text = ""
@@ -37,7 +38,7 @@ def test_growing_and_branching_texts_encode_exactly(tokenizer_dir: Path) -> None
             assert tok.encode(text, add_special_tokens=special) == tok.encode_uncached(
                 text, add_special_tokens=special
             )
-        branch = text[: rng.randint(0, len(text))] + rng.choice([" zz", "zz", "\n", " 7"])
+        branch = text[: rng.randint(0, len(text))] + rng.choice([" zz", "zz", "\n", " 7", ","])
         assert tok.encode(branch) == tok.encode_uncached(branch)
     assert tok.prefix_cache.hits > 10  # the cache was actually used
 

@@ -216,3 +216,24 @@ def test_homed_load_weighs_workflows_by_context_size_and_fades_when_idle() -> No
     assert best_home([a, b, c], views, now).name == "b:1"  # a is idle but home to most
     b.load.in_flight = 5
     assert best_home([a, b, c], views, now).name == "c:1"  # within the tolerance of b: freer
+
+
+async def test_a_request_is_tokenized_once_for_routing_and_accounting() -> None:
+    router, service = make_router(n=2)
+    tokenizer = router.services["tokenizer"]
+    calls: list[str] = []
+    original = tokenizer.apply_chat_template
+
+    def counting(*args: Any, **kwargs: Any) -> str:
+        calls.append("render")
+        return str(original(*args, **kwargs))
+
+    tokenizer.apply_chat_template = counting
+    req = request("w", "planner", "r1")
+    await route(router, req)
+    assert calls == ["render"]
+    tokens = service.accountant.token_ids(req)
+    assert calls == ["render"]  # the accountant reads what routing computed
+    assert tokens == tokenizer.encode_uncached(
+        original(req.body["messages"]), add_special_tokens=False
+    )
