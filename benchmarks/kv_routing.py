@@ -44,6 +44,7 @@ def _harness_argv(
     argv += ["--trace-limit", str(args.trace_limit), "--trace-speed", str(args.trace_speed)]
     argv += ["--token-scale", str(args.token_scale), "--max-output-tokens", str(args.max_output)]
     argv += ["--users", str(args.users), "--turns", str(args.turns)]
+    argv += ["--session-rate", str(args.session_rate), "--history-tokens", str(args.history_tokens)]
     return [*argv, *args.rest]
 
 
@@ -76,8 +77,12 @@ def main() -> None:
     parser.add_argument("--trace-speed", type=float, default=10.0)
     parser.add_argument("--token-scale", type=float, default=0.1)
     parser.add_argument("--max-output", type=int, default=32)
-    parser.add_argument("--users", type=int, default=48)
-    parser.add_argument("--turns", type=int, default=8)
+    # multi-turn under cache pressure: 128 users with 8k-token histories arriving at 4/s hold
+    # more KV than one engine has, so where each session starts decides whether caches thrash
+    parser.add_argument("--users", type=int, default=128)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--session-rate", type=float, default=4.0, help="sessions per second")
+    parser.add_argument("--history-tokens", type=int, default=8192)
     parser.add_argument("--slices", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--peers", action="store_true", help="also SGLang's and vLLM's routers")

@@ -40,6 +40,13 @@ from hiveroute.routing.base import (
     Scorer,
     ScorerCategory,
 )
+from hiveroute.routing.footprint import (
+    NEW_CONTEXT_SHARE,
+    NEW_CONTEXT_SLACK,
+    NEW_CONTEXT_SLACK_S,
+    KvFootprint,
+    least_written,
+)
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.ttft import TtftPredictor
 
@@ -181,9 +188,15 @@ class KvTtftScorer(_CacheScorer):
         tolerance_s: float = 0.005,
         cache_weight: float = 8.0,
         backlog: PrefillBacklog | None = None,
+        footprint: KvFootprint | None = None,
+        new_context_share: float = NEW_CONTEXT_SHARE,
+        new_context_slack: float = NEW_CONTEXT_SLACK,
+        new_context_slack_s: float = NEW_CONTEXT_SLACK_S,
     ) -> None:
-        if tolerance < 0 or tolerance_s < 0 or cache_weight < 0:
-            raise ValueError("tolerance, tolerance_s and cache_weight must not be negative")
+        if min(tolerance, tolerance_s, cache_weight, new_context_slack, new_context_slack_s) < 0:
+            raise ValueError("tolerances, slacks and cache_weight must not be negative")
+        if not 0.0 <= new_context_share <= 1.0:
+            raise ValueError("new_context_share must be within [0, 1]")
         super().__init__(PrefixMatcher(index, tokenizer))
         self.predictor = predictor
         self.speculative = speculate
@@ -191,6 +204,13 @@ class KvTtftScorer(_CacheScorer):
         self.tolerance_s = tolerance_s
         self.cache_weight = cache_weight
         self.backlog = backlog or PrefillBacklog()
+        # A prompt no engine holds `new_context_share` of starts a new context: it goes where
+        # the fewest tokens were written lately, among engines whose cost is within
+        # `new_context_slack` x the best predicted TTFT (+ `new_context_slack_s`) of the best.
+        self.footprint = footprint or KvFootprint()
+        self.new_context_share = new_context_share
+        self.new_context_slack = new_context_slack
+        self.new_context_slack_s = new_context_slack_s
 
     def score(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
@@ -232,8 +252,17 @@ class KvTtftScorer(_CacheScorer):
             else:
                 scores[e.name] = 0.99 * (hi - c) / (hi - lo)
         winner = max(candidates, key=lambda e: (scores[e.name], cached[e.name]))
+        new_context = bool(tokens) and most < self.new_context_share * n_tokens
+        if new_context:
+            slack = self.new_context_slack * best_ttft + self.new_context_slack_s
+            winner = least_written(candidates, cost, slack, self.footprint)
+            for name, score in scores.items():
+                scores[name] = min(score, 0.99)
+            scores[winner.name] = 1.0
         if tokens is None:
             reason = "no_tokens"
+        elif new_context and winner.name != min(cost, key=cost.__getitem__):
+            reason = "kv_new_context"
         elif self.guard_took_best(request, state, most):
             reason = "load_guard"
         elif most == 0:
@@ -253,6 +282,7 @@ class KvTtftScorer(_CacheScorer):
         queue, to_prefill = self.backlog.features(engine, 0)
         state[ROUTED_KEY] = (queue, to_prefill, uncached, min(m.lower_tokens, n_tokens))
         self.backlog.add(engine.name, uncached, state)
+        self.footprint.add(engine.name, uncached)
         if self.speculative:
             self.matcher.speculate(request, engine, state, None)
 

@@ -24,6 +24,7 @@ from hiveroute.kvindex.service import get_kv_index, get_tokenizer
 from hiveroute.routing.backlog import prefill_backlog
 from hiveroute.routing.base import Filter, Picker, Plugin, Scorer
 from hiveroute.routing.cache_aware import ApproxPrefixScorer, KvTtftScorer, LoadGuardFilter
+from hiveroute.routing.footprint import kv_footprint
 from hiveroute.routing.pickers import MaxScorePicker, RoundRobinPicker
 from hiveroute.routing.policy import Policy, WeightedScorer
 from hiveroute.routing.scorers import LoadScorer, SessionAffinityScorer
@@ -54,6 +55,7 @@ PLUGINS: dict[str, PluginFactory] = {
         get_tokenizer(ctx.services),
         shared_ttft_predictor(ctx.services),
         backlog=prefill_backlog(ctx.services),
+        footprint=kv_footprint(ctx.services),
         **kw,
     ),
     "prefix_affinity": lambda ctx, **kw: ApproxPrefixScorer(get_tokenizer(ctx.services), **kw),

@@ -35,6 +35,14 @@ from hiveroute.routing.base import (
     ScorerCategory,
 )
 from hiveroute.routing.cache_aware import PrefixMatcher
+from hiveroute.routing.footprint import (
+    NEW_CONTEXT_SHARE,
+    NEW_CONTEXT_SLACK,
+    NEW_CONTEXT_SLACK_S,
+    KvFootprint,
+    kv_footprint,
+    least_written,
+)
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.ttft import TtftPredictor, shared_ttft_predictor
 from hiveroute.workflows.registry import WorkflowView
@@ -177,6 +185,10 @@ class WorkflowPlacementScorer(Scorer):
         return prefill_backlog(self.services)
 
     @property
+    def footprint(self) -> KvFootprint:
+        return kv_footprint(self.services)
+
+    @property
     def matcher(self) -> PrefixMatcher:
         """What the engines' KV events say each engine holds of a prompt (the `kv` policy's
         index, tokenizer and per-cycle memo)."""
@@ -253,8 +265,10 @@ class WorkflowPlacementScorer(Scorer):
         n = self.tokens(request, state)
         backlog = self.backlog
         predicted: dict[str, float] = {}
+        most = 0
         for e in candidates:
             cached = self._cached(request, state, view, e, n)
+            most = max(most, cached)
             queue, to_prefill = backlog.features(e, max(0, n - cached))
             predicted[e.name] = self.predictor.predict(
                 e.name, queue_depth=queue, uncached_tokens=to_prefill
@@ -270,6 +284,9 @@ class WorkflowPlacementScorer(Scorer):
         reason: str
         if view is None:
             chosen = min(candidates, key=lambda e: (predicted[e.name], e.name)).name
+            if n and most < NEW_CONTEXT_SHARE * n:  # a new context: where least was written
+                slack = NEW_CONTEXT_SLACK * best_any + NEW_CONTEXT_SLACK_S  # as `kv` does
+                chosen = least_written(candidates, predicted, slack, self.footprint).name
             reason = "workflow_none"
         else:
             homes = [e for e in view.engines if e in by_name]
@@ -307,6 +324,7 @@ class WorkflowPlacementScorer(Scorer):
         uncached = max(0, n - self._cached(request, state, view, engine, n))
         state[ROUTED_KEY] = (*self.backlog.features(engine, 0), uncached)
         self.backlog.add(engine.name, uncached, state)
+        self.footprint.add(engine.name, uncached)
         self.matcher.speculate(request, engine, state, None)  # siblings see it before events
         service = self.service
         agent = request.metadata.agent_id

@@ -14,6 +14,7 @@ from hiveroute.kvindex.tokenizer import BuiltinTokenizer
 from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.base import CycleState, Decision, RequestOutcome, RoutingRequest
 from hiveroute.routing.cache_aware import KvTtftScorer
+from hiveroute.routing.footprint import KvFootprint
 from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, build_policy
 from hiveroute.routing.ttft import TtftPredictor
@@ -218,3 +219,38 @@ async def test_a_prefill_backlog_sends_the_next_request_elsewhere_until_its_firs
     assert decision.engine is holder and decision.reason == "kv_hit"
     policy.on_completed(long_req, RequestOutcome(holder, 200, ttft_s=0.5), state)
     assert scorer.backlog.of(holder.name) == (0, 0)  # settled once, not twice
+
+
+async def test_a_new_context_goes_where_least_was_written_lately_unless_much_slower() -> None:
+    pool, policy, svc = make(2, "kv")
+    for e in pool.engines:
+        svc["kv_index"].set_block_size(e.name, BS)
+    crowded, quiet = pool.engines
+    svc["kv_footprint"].add(crowded.name, 50_000)  # many sessions started there lately
+    quiet.load.in_flight = 1  # a little busier this instant: the plain TTFT ranking says crowded
+
+    async def decide(rid: str) -> Decision:
+        state = CycleState()
+        fresh = request(" ".join(f"{rid}{i}" for i in range(400)), rid=rid)
+        await policy.prepare(fresh, state)
+        return policy.choose(fresh, pool.candidates("m"), state)
+
+    decision = await decide("new")
+    assert decision.engine is quiet and decision.reason == "kv_new_context"
+    quiet.load.in_flight = 500  # far slower now: the footprint no longer decides
+    decision = await decide("later")
+    assert decision.engine is crowded and decision.reason == "kv_miss"
+
+
+def test_the_footprint_fades_with_its_half_life() -> None:
+    now = [0.0]
+    footprint = KvFootprint(half_life_s=10.0, clock=lambda: now[0])
+    footprint.add("a", 1000)
+    now[0] = 10.0
+    assert footprint.of("a") == pytest.approx(500)
+    footprint.add("a", 100)
+    now[0] = 20.0
+    assert footprint.of("a") == pytest.approx(300)
+    assert footprint.of("b") == 0.0
+    with pytest.raises(ValueError):
+        KvFootprint(half_life_s=0)

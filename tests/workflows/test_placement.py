@@ -9,6 +9,7 @@ from hiveroute.engines.engine import Engine, EngineSpec
 from hiveroute.gateway.router import Router
 from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.base import CycleState, RoutingRequest
+from hiveroute.routing.footprint import kv_footprint
 from hiveroute.workflows.model import WorkflowSettings
 from hiveroute.workflows.placement import WorkflowPlacementScorer, best_home, homed_load
 from hiveroute.workflows.registry import WorkflowView
@@ -146,7 +147,9 @@ async def test_a_pending_prefill_counts_until_its_first_token() -> None:
     a.load.in_flight += 1
     assert await route(router, request(None, "x", "r1")) == (b.name, "workflow_none")
     router.policy.on_first_token(huge, a, state)  # prefilled: a only decodes it now
-    b.load.in_flight = 2
+    b.load.in_flight = (
+        50  # (two would do, but a was just written 80k tokens: a new context avoids it)
+    )
     assert await route(router, request(None, "x", "r2")) == (a.name, "workflow_none")
 
 
@@ -237,3 +240,15 @@ async def test_a_request_is_tokenized_once_for_routing_and_accounting() -> None:
     assert tokens == tokenizer.encode_uncached(
         original(req.body["messages"]), add_special_tokens=False
     )
+
+
+async def test_a_request_without_workflow_starting_a_new_context_balances_kv_writes() -> None:
+    router, _ = make_router(n=2)
+    crowded, quiet = router.pool.engines
+    kv_footprint(router.services).add(crowded.name, 50_000)
+    quiet.load.in_flight = 1  # a little busier this instant
+    engine, reason = await route(router, request(None, "chat", "r1"))
+    assert (engine, reason) == (quiet.name, "workflow_none")
+    quiet.load.in_flight = 500  # far slower: least predicted TTFT again
+    engine, _ = await route(router, request(None, "chat2", "r2"))
+    assert engine == crowded.name

@@ -1,0 +1,70 @@
+"""Recent KV writes per engine: how fast each engine's prefix cache is turning over.
+
+A request whose prompt no engine holds much of starts a new context: its next turns (or
+siblings) will read its blocks again, and writing them evicts older blocks. Sending new contexts
+where fewer tokens were written lately keeps every engine's live contexts resident (SGLang's
+router gets this by sending unmatched prompts to its smallest tree). Sending them where the
+queue is shortest this instant can pile sessions onto one engine until its cache thrashes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hiveroute.engines.engine import Engine
+
+# A prompt no engine holds NEW_CONTEXT_SHARE of starts a new context; it may go to an engine
+# whose cost is up to NEW_CONTEXT_SLACK x the best predicted TTFT + NEW_CONTEXT_SLACK_S worse.
+NEW_CONTEXT_SHARE = 0.5
+NEW_CONTEXT_SLACK = 1.0
+NEW_CONTEXT_SLACK_S = 0.02
+
+
+class KvFootprint:
+    """Per engine: uncached prompt tokens routed there, fading with a half-life."""
+
+    def __init__(
+        self, half_life_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if half_life_s <= 0:
+            raise ValueError("half_life_s must be positive")
+        self.half_life_s = half_life_s
+        self.clock = clock
+        self._by_engine: dict[str, tuple[float, float]] = {}  # engine -> (tokens, as of)
+
+    def of(self, engine: str) -> float:
+        """Tokens written to `engine` lately (each counts less as it ages)."""
+        found = self._by_engine.get(engine)
+        if found is None:
+            return 0.0
+        tokens, at = found
+        return tokens * math.exp2(-(self.clock() - at) / self.half_life_s)
+
+    def add(self, engine: str, tokens: int) -> None:
+        if tokens > 0:
+            self._by_engine[engine] = (self.of(engine) + tokens, self.clock())
+
+
+def kv_footprint(services: dict[str, Any]) -> KvFootprint:
+    """The router's one footprint record (created on first use)."""
+    found = services.get("kv_footprint")
+    if found is None:
+        found = services["kv_footprint"] = KvFootprint()
+    footprint: KvFootprint = found
+    return footprint
+
+
+def least_written(
+    candidates: list[Engine],
+    cost: dict[str, float],
+    slack_s: float,
+    footprint: KvFootprint,
+) -> Engine:
+    """Where a new context goes: the engine written to least lately, among those whose cost
+    (predicted TTFT, less any cache credit) is within `slack_s` of the best."""
+    best = min(cost[e.name] for e in candidates)
+    eligible = [e for e in candidates if cost[e.name] <= best + slack_s]
+    return min(eligible, key=lambda e: (footprint.of(e.name), cost[e.name], e.name))
