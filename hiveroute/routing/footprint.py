@@ -21,6 +21,7 @@ from hiveroute.engines.engine import Engine
 NEW_CONTEXT_SHARE = 0.5
 NEW_CONTEXT_SLACK = 1.0
 NEW_CONTEXT_SLACK_S = 0.02
+SAME_MATCH_SHARE = 0.1  # matches this share of the prompt apart count as the same
 
 
 class KvFootprint:
@@ -60,11 +61,17 @@ def kv_footprint(services: dict[str, Any]) -> KvFootprint:
 def least_written(
     candidates: list[Engine],
     cost: dict[str, float],
+    cached: dict[str, int],
+    n_tokens: int,
     slack_s: float,
     footprint: KvFootprint,
 ) -> Engine:
     """Where a new context goes: the engine written to least lately, among those whose cost
-    (predicted TTFT, less any cache credit) is within `slack_s` of the best."""
-    best = min(cost[e.name] for e in candidates)
-    eligible = [e for e in candidates if cost[e.name] <= best + slack_s]
+    (predicted TTFT, less any cache credit) is within `slack_s` of the best and which hold
+    about as much of the prompt as the cheapest one does (within `SAME_MATCH_SHARE` of the
+    prompt): balancing the writes never gives up a match the plain ranking would have used."""
+    cheapest = min(candidates, key=lambda e: (cost[e.name], e.name))
+    least = cached[cheapest.name] - SAME_MATCH_SHARE * n_tokens
+    limit = cost[cheapest.name] + slack_s
+    eligible = [e for e in candidates if cost[e.name] <= limit and cached[e.name] >= least]
     return min(eligible, key=lambda e: (footprint.of(e.name), cost[e.name], e.name))

@@ -265,11 +265,10 @@ class WorkflowPlacementScorer(Scorer):
         n = self.tokens(request, state)
         backlog = self.backlog
         predicted: dict[str, float] = {}
-        most = 0
+        cached: dict[str, int] = {}
         for e in candidates:
-            cached = self._cached(request, state, view, e, n)
-            most = max(most, cached)
-            queue, to_prefill = backlog.features(e, max(0, n - cached))
+            cached[e.name] = self._cached(request, state, view, e, n)
+            queue, to_prefill = backlog.features(e, max(0, n - cached[e.name]))
             predicted[e.name] = self.predictor.predict(
                 e.name, queue_depth=queue, uncached_tokens=to_prefill
             )
@@ -284,9 +283,9 @@ class WorkflowPlacementScorer(Scorer):
         reason: str
         if view is None:
             chosen = min(candidates, key=lambda e: (predicted[e.name], e.name)).name
-            if n and most < NEW_CONTEXT_SHARE * n:  # a new context: where least was written
+            if n and max(cached.values()) < NEW_CONTEXT_SHARE * n:  # a new context
                 slack = NEW_CONTEXT_SLACK * best_any + NEW_CONTEXT_SLACK_S  # as `kv` does
-                chosen = least_written(candidates, predicted, slack, self.footprint).name
+                chosen = least_written(candidates, predicted, cached, n, slack, self.footprint).name
             reason = "workflow_none"
         else:
             homes = [e for e in view.engines if e in by_name]

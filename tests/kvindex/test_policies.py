@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from hiveroute.engines.engine import EngineSpec
+from hiveroute.engines.engine import Engine, EngineSpec
 from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import ConfigError
 from hiveroute.kvindex.events import BlockStored
@@ -14,7 +14,7 @@ from hiveroute.kvindex.tokenizer import BuiltinTokenizer
 from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.base import CycleState, Decision, RequestOutcome, RoutingRequest
 from hiveroute.routing.cache_aware import KvTtftScorer
-from hiveroute.routing.footprint import KvFootprint
+from hiveroute.routing.footprint import KvFootprint, least_written
 from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, build_policy
 from hiveroute.routing.ttft import TtftPredictor
@@ -254,3 +254,17 @@ def test_the_footprint_fades_with_its_half_life() -> None:
     assert footprint.of("b") == 0.0
     with pytest.raises(ValueError):
         KvFootprint(half_life_s=0)
+
+
+def test_balancing_writes_never_gives_up_a_match_the_ranking_would_use() -> None:
+    engines = [Engine(spec=EngineSpec(url=f"http://{n}:1")) for n in "abc"]
+    a, b, c = (e.name for e in engines)
+    footprint = KvFootprint()
+    footprint.add(a, 90_000)  # a was written most lately, b least
+    cost = {a: 0.10, b: 0.11, c: 0.12}
+    # a is cheapest because it holds 400 of the 1000 tokens: b and c, holding none, are not
+    # offered however little was written there
+    assert least_written(engines, cost, {a: 400, b: 0, c: 0}, 1000, 0.1, footprint).name == a
+    # a shared prefix everyone holds: the least written within the slack wins
+    assert least_written(engines, cost, {a: 400, b: 400, c: 350}, 1000, 0.1, footprint).name == b
+    assert least_written(engines, cost, {a: 400, b: 400, c: 400}, 1000, 0.005, footprint).name == a
