@@ -37,8 +37,7 @@ OUTPUT_TEXT = (
     " are called, plans are made, results are checked, and the next agent takes over."
 )
 MAX_PINS = 4096
-MAX_STREAM_INTERVAL = 0.1  # a held token waits at most 1.5 x this for its socket write, seconds
-GOLDEN = 0.6180339887498949  # steps a low-discrepancy sequence: held streams' phases spread
+MAX_STREAM_INTERVAL = 0.1  # longest a streamed token waits for its socket write, seconds
 MAX_CATCH_UP = 0.01  # an engine further behind its timeline than this starts afresh, seconds
 PRODUCE_SLICE = 16  # requests given their token between two yields to the event loop
 LAG_SAMPLES = 200_000
@@ -161,15 +160,13 @@ class SimEngine:
         # go to the outbox, finished requests to `_due`; both are released at the step's end.
         # A stream may wait longer (`stream_interval`) while the engine falls behind.
         self.in_step = False
-        # stream -> when its held chunks are due (staggered, so the writes of streams held
-        # together do not all fall on one step)
-        self.outbox: dict[PendingWrites, float] = {}
-        self._stagger = 0.0
+        self.outbox: set[PendingWrites] = set()
         self.chunks_written = 0  # stream chunks written, and the socket writes that took them:
         self.socket_writes = 0  # more chunks than writes means tokens held past their step
         self._due: list[RequestHandle] = []
         self.stream_interval = 0.0
         self._late_share = 0.0  # smoothed (handed-out lag / step time)
+        self._last_flush = 0.0
         # Per step: (woke - due, outputs handed out - due, modelled duration), seconds.
         self.step_lags: deque[tuple[float, float, float]] = deque(maxlen=LAG_SAMPLES)
         self.url = ""
@@ -446,29 +443,21 @@ class SimEngine:
             half = self.stream_interval / 2
             self.stream_interval = half if half >= 0.001 else 0.0
 
-    def hold(self, writer: PendingWrites) -> None:
-        """Keep a stream's chunks until the step's end, or up to about `stream_interval` while
-        the engine is behind (between half and one and a half of it, spread evenly over the
-        streams so each step writes its share of them)."""
-        if writer not in self.outbox:
-            self._stagger = (self._stagger + GOLDEN) % 1.0
-            wait = self.stream_interval * (0.5 + self._stagger)
-            self.outbox[writer] = time.monotonic() + wait
-
     def _flush_outbox(self, now: float | None) -> None:
-        """Write the streams' pending chunks that are due (all of them when now=None), and the
-        urgent ones (first tokens, and last ones before [DONE])."""
+        """Write the streams' pending chunks: all of them when the stream interval is up (or
+        now=None), else only the urgent ones (first tokens, and last ones before [DONE])."""
         outbox = self.outbox
         if not outbox:
             return
-        if now is None:
-            self.outbox = {}
-            for writer in outbox:
+        if now is not None and now - self._last_flush < self.stream_interval:
+            urgent = [writer for writer in outbox if writer.urgent]
+            for writer in urgent:
+                outbox.discard(writer)
                 writer.flush()
             return
-        due = [w for w, at in outbox.items() if at <= now or w.urgent]
-        for writer in due:
-            del outbox[writer]
+        self._last_flush = now or 0.0
+        self.outbox = set()
+        for writer in outbox:
             writer.flush()
 
     def _publish(self) -> None:

@@ -237,7 +237,7 @@ class _ChunkWriter:
             engine.abort(self.handle)
             self.transport.abort()  # fault: the connection dies mid-stream
         elif engine.in_step or (not self.urgent and engine.stream_interval):
-            engine.hold(self)  # written when the step is due (or its interval is up)
+            engine.outbox.add(self)  # written when the step is due (or the interval is up)
         else:
             self.flush()
 

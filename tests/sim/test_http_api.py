@@ -313,35 +313,3 @@ async def test_tokens_leave_at_the_modelled_step_end_and_first_tokens_are_never_
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert len(chunks) == 6 and chunks[-1]["choices"][0]["finish_reason"] == "length"
-
-
-async def test_held_streams_are_written_in_staggered_shares_not_all_on_one_step(
-    sim_fleet: FleetFactory,
-) -> None:
-    import time
-
-    class Writer:
-        urgent = False
-        flushed = 0
-
-        def flush(self) -> None:
-            self.flushed += 1
-
-    engine = (await sim_fleet()).engines[0]
-    engine.stream_interval = 0.1  # behind its model: streams hold tokens for about 0.1 s
-    writers = [Writer() for _ in range(64)]
-    held_at = time.monotonic()
-    for writer in writers:
-        engine.hold(writer)
-    writers[0].urgent = True  # a first or last token: never held
-    engine._flush_outbox(held_at + 0.01)
-    assert [w.flushed for w in writers[:2]] == [1, 0]
-    due = [at - held_at for at in engine.outbox.values()]
-    assert min(due) >= 0.05 and max(due) <= 0.15 + 0.01
-    shares = []
-    for tick in (0.075, 0.1, 0.125, 0.16):  # a step's end every 25 ms
-        before = sum(w.flushed for w in writers)
-        engine._flush_outbox(held_at + tick)
-        shares.append(sum(w.flushed for w in writers) - before)
-    assert all(8 <= share <= 24 for share in shares[:3])  # about a quarter each step
-    assert sum(w.flushed for w in writers) == 64 and not engine.outbox
