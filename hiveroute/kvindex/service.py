@@ -23,6 +23,7 @@ from hiveroute.engines.pool import EnginePool
 from hiveroute.kvindex.index import KvIndex
 from hiveroute.kvindex.subscriber import KvEventSubscriber
 from hiveroute.kvindex.tokenizer import Tokenizer, load_tokenizer
+from hiveroute.routing.base import shared_service
 
 log = logging.getLogger("hiveroute.kvindex")
 
@@ -33,17 +34,11 @@ KV_EVENTS = "kv_events"
 
 def get_tokenizer(services: dict[str, Any]) -> Tokenizer:
     """The router's tokenizer (the built-in one if none was configured)."""
-    if TOKENIZER not in services:
-        services[TOKENIZER] = load_tokenizer(None)
-    tokenizer: Tokenizer = services[TOKENIZER]
-    return tokenizer
+    return shared_service(services, TOKENIZER, lambda: load_tokenizer(None))
 
 
 def get_kv_index(services: dict[str, Any]) -> KvIndex:
-    if KV_INDEX not in services:
-        services[KV_INDEX] = KvIndex()
-    index: KvIndex = services[KV_INDEX]
-    return index
+    return shared_service(services, KV_INDEX, KvIndex)
 
 
 class KvEventService:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from hiveroute.engines.engine import Engine
-from hiveroute.routing.base import CycleState
+from hiveroute.routing.base import CycleState, shared_service
 
 BACKLOG_KEY = "prefill_backlog_entry"  # (engine name, tokens) this request added
 
@@ -59,8 +59,4 @@ class PrefillBacklog:
 
 def prefill_backlog(services: dict[str, Any]) -> PrefillBacklog:
     """The router's one backlog (created on first use)."""
-    found = services.get("prefill_backlog")
-    if found is None:
-        found = services["prefill_backlog"] = PrefillBacklog()
-    backlog: PrefillBacklog = found
-    return backlog
+    return shared_service(services, "prefill_backlog", PrefillBacklog)

@@ -10,11 +10,23 @@ per-request CycleState so nothing is computed twice. After the request, plugins 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from hiveroute.engines.engine import Engine
 from hiveroute.metadata import RequestMetadata
+
+T = TypeVar("T")
+
+
+def shared_service(services: dict[str, Any], key: str, make: Callable[[], T]) -> T:
+    """The router's one instance under `key` in its services, made on first use: plugins and
+    hooks that must agree (one backlog, one TTFT predictor, one index) all reach it here."""
+    found = services.get(key)
+    if found is None:
+        found = services[key] = make()
+    return cast(T, found)
 
 
 class ScorerCategory(enum.Enum):

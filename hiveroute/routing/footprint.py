@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hiveroute.engines.engine import Engine
+from hiveroute.routing.base import shared_service
 
 # A prompt no engine holds NEW_CONTEXT_SHARE of starts a new context; it may go to an engine
 # whose cost is up to NEW_CONTEXT_SLACK x the best predicted TTFT + NEW_CONTEXT_SLACK_S worse.
@@ -51,11 +52,7 @@ class KvFootprint:
 
 def kv_footprint(services: dict[str, Any]) -> KvFootprint:
     """The router's one footprint record (created on first use)."""
-    found = services.get("kv_footprint")
-    if found is None:
-        found = services["kv_footprint"] = KvFootprint()
-    footprint: KvFootprint = found
-    return footprint
+    return shared_service(services, "kv_footprint", KvFootprint)
 
 
 def least_written(

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from hiveroute.routing.base import shared_service
+
 # Defaults: a mid-size model on one GPU prefills ~10k tokens/s; each request ahead adds ~20 ms.
 DEFAULT_BASE_S = 0.01
 DEFAULT_QUEUE_S = 0.02
@@ -132,8 +134,4 @@ class TtftPredictor:
 
 def shared_ttft_predictor(services: dict[str, Any]) -> TtftPredictor:
     """The router's one TTFT predictor, shared by every plugin that predicts (kv, workflow)."""
-    found = services.get("ttft_predictor")
-    if found is None:
-        found = services["ttft_predictor"] = TtftPredictor()
-    predictor: TtftPredictor = found
-    return predictor
+    return shared_service(services, "ttft_predictor", TtftPredictor)

@@ -10,14 +10,11 @@ memory is bounded per workflow, and a workflow's map is dropped when it ends or 
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 
 from hiveroute.kvindex.request_tokens import prompt_tokens_of
 from hiveroute.kvindex.tokenizer import Tokenizer
 from hiveroute.routing.base import RoutingRequest
-
-log = logging.getLogger("hiveroute.workflows")
 
 Origin = tuple[float, str]  # (request start time, agent id)
 

@@ -26,6 +26,7 @@ import math
 from typing import Any
 
 from hiveroute.engines.engine import Engine
+from hiveroute.kvindex.request_tokens import TOKEN_IDS_KEY
 from hiveroute.routing.backlog import PrefillBacklog, prefill_backlog
 from hiveroute.routing.base import (
     CycleState,
@@ -54,7 +55,6 @@ NEW_SPILL_KEY = "workflow_new_spill"
 MAX_AGENT_ENGINES = 1024
 HOME_TOLERANCE = 0.5  # workflows of average size an engine may be home to beyond the least
 HOME_FADE_S = 60.0  # an idle workflow's weight on its home fades after this, then decays
-TOKEN_IDS_KEY = "token_ids"  # shared with the cache-aware plugins when they ran first
 
 
 def prompt_chars(request: RoutingRequest) -> int:
@@ -282,10 +282,11 @@ class WorkflowPlacementScorer(Scorer):
         chosen: str
         reason: str
         if view is None:
-            chosen = min(candidates, key=lambda e: (predicted[e.name], e.name)).name
             if n and max(cached.values()) < NEW_CONTEXT_SHARE * n:  # a new context
                 slack = NEW_CONTEXT_SLACK * best_any + NEW_CONTEXT_SLACK_S  # as `kv` does
                 chosen = least_written(candidates, predicted, cached, n, slack, self.footprint).name
+            else:
+                chosen = min(candidates, key=lambda e: (predicted[e.name], e.name)).name
             reason = "workflow_none"
         else:
             homes = [e for e in view.engines if e in by_name]
