@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import re
 
@@ -11,7 +10,7 @@ from hiveroute import runtime
 from hiveroute.errors import ConfigError
 from hiveroute.sim.config import SimConfig
 from hiveroute.sim.faults import FaultKnobs
-from hiveroute.sim.fleet import SimFleet
+from hiveroute.sim.fleet import SimFleet, settle_collector
 from hiveroute.sim.presets import DEFAULT_PRESET, PRESETS
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -125,9 +124,7 @@ async def _serve(config: SimConfig) -> None:
 
     fleet = SimFleet(config)
     await fleet.start()
-    # The block pools are hundreds of thousands of long-lived objects: keep them out of the
-    # cyclic collector's full passes, which would otherwise stall every engine's step loop.
-    gc.freeze()
+    settle_collector()
     try:
         for text in fleet.engine_spec_texts():
             print(f"--engine {text}", flush=True)

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from hiveroute.kvindex.tokenizer import BUILTIN_SPECIAL, Tokenizer
 from hiveroute.sim.clock import PreciseTimer
 from hiveroute.sim.config import SimConfig
+from hiveroute.sim.deadlines import DeadlineBoard, WorkCost
 from hiveroute.sim.events import EventPublisher
 from hiveroute.sim.faults import FaultKnobs
 from hiveroute.sim.kv_cache import Block, BlockPool, CacheRequest, KVCacheManager
@@ -40,6 +41,7 @@ MAX_PINS = 4096
 MAX_STREAM_INTERVAL = 0.1  # longest a streamed token waits for its socket write, seconds
 MAX_CATCH_UP = 0.01  # an engine further behind its timeline than this starts afresh, seconds
 PRODUCE_SLICE = 16  # requests given their token between two yields to the event loop
+WRITE_SLICE = 8  # streams written between two yields to the event loop
 LAG_SAMPLES = 200_000
 
 
@@ -121,7 +123,13 @@ class RequestHandle:
 class SimEngine:
     """A vLLM engine core in miniature, with its KV-event publisher and metrics."""
 
-    def __init__(self, config: SimConfig, index: int, tokenizer: Tokenizer) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        index: int,
+        tokenizer: Tokenizer,
+        board: DeadlineBoard | None = None,
+    ) -> None:
         self.config = config
         self.index = index
         self.tokenizer = tokenizer
@@ -148,6 +156,11 @@ class SimEngine:
         self._ids = itertools.count()
         self._wake = asyncio.Event()
         self._timer = PreciseTimer()
+        # Shared by the engines of one process: their step ends, which other work keeps clear of.
+        self.board = board if board is not None else DeadlineBoard()
+        self.slice_cost = WorkCost(0.0001)  # giving PRODUCE_SLICE requests their tokens
+        self.intake_cost = WorkCost(0.0002)  # taking in one request (parse, tokenize, submit)
+        self.write_cost = WorkCost(0.0001)  # writing WRITE_SLICE streams' pending chunks
         self._task: asyncio.Task[None] | None = None
         self._handles: dict[int, RequestHandle] = {}
         self._pins: OrderedDict[tuple[int, ...], tuple[list[Block], asyncio.TimerHandle]] = (
@@ -225,7 +238,7 @@ class SimEngine:
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> RequestHandle:
         request = SimRequest(
             f"req-{self.index}-{next(self._ids)}",
-            list(prompt_token_ids),
+            prompt_token_ids,
             max_tokens=params.max_tokens,
             min_tokens=params.min_tokens,
             ignore_eos=params.ignore_eos,
@@ -236,6 +249,10 @@ class SimEngine:
             arrival=time.monotonic(),
             on_step=self._on_step,
         )
+        if self.manager.enable_caching:
+            # As vLLM does when a request arrives: its prompt's block hashes are worked out
+            # now, as it is taken in, not by the step that admits it.
+            request.hashes_upto(request.num_prompt_tokens // self.block_size, self.block_size)
         handle = RequestHandle(request=request, params=params)
         self._handles[id(request)] = handle
         self.scheduler.add(request)
@@ -348,7 +365,7 @@ class SimEngine:
         while True:
             if not scheduler.has_work():
                 timeline = None
-                self._flush_outbox(None)
+                self._flush_outbox()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -362,7 +379,7 @@ class SimEngine:
             if not plan:
                 # Everyone waits for blocks that only a pin's expiry or an abort can free.
                 timeline = None
-                self._flush_outbox(None)
+                self._flush_outbox()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -375,17 +392,24 @@ class SimEngine:
             self.in_step = True
             try:
                 await self._produce(plan, target)
+                self.board.sleeping_until(self.index, target)
                 await timer.sleep_until(target)
+            except BaseException:
+                self.board.served(self.index)
+                raise
             finally:
                 self.in_step = False
             woke = clock()
             self.steps += 1
-            self._flush_outbox(woke)
-            due, self._due = self._due, []
-            for handle in due:
-                if not handle.done.done():
-                    handle.done.set_result(None)
+            # The step is over: its KV events, first and last tokens go out now; the other
+            # engines' work may go on (the board), and the rest of the stream chunks are
+            # written in the gaps between their step ends, as vLLM's API server writes them
+            # in its own process while the engine core runs the next step.
+            self._flush_urgent()
+            self._release_finished()
             self._publish()
+            self.board.served(self.index)
+            await self._write_outbox(woke, latest=woke + duration / 2)
             handed_out = clock()
             lags.append((woke - target, handed_out - target, duration))
             timeline = target
@@ -394,17 +418,29 @@ class SimEngine:
     async def _produce(self, plan: StepPlan, stamp: float) -> None:
         """Give each request the step's token, stamped with the step's modelled end.
 
-        Runs in slices with a yield between them, so that another engine whose step is due
-        is not held up behind this one's bookkeeping.
+        Runs in slices, each only when it does not run over another engine's step end (see
+        `DeadlineBoard`), so that a step due elsewhere is not held up by this bookkeeping.
         """
         out_ids = self._out_ids
         n_ids = len(out_ids)
         eos = self.eos_token_id
         metrics = self.metrics
+        board = self.board
+        cost = self.slice_cost
+        clock = time.perf_counter
+        scheduled = plan.scheduled
+        slices_left = -(-len(scheduled) // PRODUCE_SLICE)
+        started = 0.0
         generated = 0
-        for i, (request, _) in enumerate(plan.scheduled):
-            if i and not i % PRODUCE_SLICE:
-                await asyncio.sleep(0)
+        for i, (request, _) in enumerate(scheduled):
+            if not i % PRODUCE_SLICE:
+                if i:
+                    cost.observe(clock() - started)
+                await board.gap(
+                    cost.seconds, owner=self.index, latest=stamp - slices_left * cost.seconds
+                )
+                slices_left -= 1
+                started = clock()
             tokens = request.token_ids
             if request.status != RUNNING or request.num_computed_tokens < len(tokens):
                 continue  # aborted during the step, or a prefill chunk with more to come
@@ -443,22 +479,43 @@ class SimEngine:
             half = self.stream_interval / 2
             self.stream_interval = half if half >= 0.001 else 0.0
 
-    def _flush_outbox(self, now: float | None) -> None:
-        """Write the streams' pending chunks: all of them when the stream interval is up (or
-        now=None), else only the urgent ones (first tokens, and last ones before [DONE])."""
+    def _release_finished(self) -> None:
+        """The requests that finished in the step end with it: their responses may complete."""
+        due, self._due = self._due, []
+        for handle in due:
+            if not handle.done.done():
+                handle.done.set_result(None)
+
+    def _flush_urgent(self) -> None:
+        """Write the streams holding a first token or a last one: those never wait."""
         outbox = self.outbox
-        if not outbox:
-            return
-        if now is not None and now - self._last_flush < self.stream_interval:
-            urgent = [writer for writer in outbox if writer.urgent]
-            for writer in urgent:
-                outbox.discard(writer)
-                writer.flush()
-            return
-        self._last_flush = now or 0.0
-        self.outbox = set()
+        urgent = [writer for writer in outbox if writer.urgent]
+        for writer in urgent:
+            outbox.discard(writer)
+            writer.flush()
+
+    def _flush_outbox(self) -> None:
+        """Write every stream's pending chunks now (the engine goes idle)."""
+        outbox, self.outbox = self.outbox, set()
         for writer in outbox:
             writer.flush()
+
+    async def _write_outbox(self, now: float, latest: float) -> None:
+        """Write the streams' pending chunks once the stream interval is up, a slice at a time
+        in the gaps between other engines' step ends, and all of them by `latest`."""
+        if not self.outbox or now - self._last_flush < self.stream_interval:
+            return
+        self._last_flush = now
+        writers, self.outbox = list(self.outbox), set()
+        board = self.board
+        cost = self.write_cost
+        clock = time.perf_counter
+        for i in range(0, len(writers), WRITE_SLICE):
+            await board.gap(cost.seconds, owner=self.index, latest=latest)
+            started = clock()
+            for writer in writers[i : i + WRITE_SLICE]:
+                writer.flush()
+            cost.observe(clock() - started)
 
     def _publish(self) -> None:
         if self.pool.events:
@@ -476,7 +533,7 @@ class SimEngine:
         Pinned blocks hold a reference, so neither eviction nor preemption can take them; a
         second hint for the same prefix renews the timer; seconds=0 releases the pin.
         """
-        probe = CacheRequest(list(token_ids), cache_salt)
+        probe = CacheRequest(token_ids, cache_salt)
         bs = self.block_size
         hashes = probe.hashes_upto(len(token_ids) // bs, bs)
         blocks: list[Block] = []

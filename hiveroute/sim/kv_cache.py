@@ -32,7 +32,7 @@ def hash_block(parent: int | None, tokens: Sequence[int], salt: str | None) -> i
     """
     h = hashlib.blake2b(digest_size=8)
     h.update(struct.pack(">Q", NONE_HASH if parent is None else parent))
-    h.update(array("q", tokens).tobytes())
+    h.update((tokens if isinstance(tokens, array) else array("q", tokens)).tobytes())
     if salt:
         h.update(b"\x00salt\x00" + salt.encode())
     return int.from_bytes(h.digest())
@@ -48,12 +48,17 @@ class Block:
 
 
 class CacheRequest:
-    """What the cache needs to know about a request: its tokens, salt, hashes and blocks."""
+    """What the cache needs to know about a request: its tokens, salt, hashes and blocks.
+
+    Token ids are kept in an `array`, not a list: hundreds of requests of thousands of tokens
+    each are what the garbage collector would otherwise walk through on every pass.
+    """
 
     __slots__ = ("block_hashes", "blocks", "cache_salt", "num_cached_blocks", "token_ids")
 
-    def __init__(self, token_ids: list[int], cache_salt: str | None) -> None:
-        self.token_ids = token_ids  # prompt then output; grows as tokens are generated
+    def __init__(self, token_ids: Sequence[int], cache_salt: str | None) -> None:
+        # prompt then output; grows as tokens are generated
+        self.token_ids: array[int] = array("q", token_ids)
         self.cache_salt = cache_salt or None
         self.block_hashes: list[int] = []
         self.blocks: list[Block] = []
@@ -202,7 +207,7 @@ class BlockPool:
                     "type": "BlockStored",
                     "block_hashes": list(new_hashes),
                     "parent_block_hash": hashes[start - 1] if start else None,
-                    "token_ids": request.token_ids[start * bs : num_full_blocks * bs],
+                    "token_ids": request.token_ids[start * bs : num_full_blocks * bs].tolist(),
                     "block_size": bs,
                     "lora_id": None,
                     "medium": "GPU",

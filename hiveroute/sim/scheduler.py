@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hiveroute.sim.kv_cache import CacheRequest, KVCacheManager
@@ -47,7 +47,7 @@ class SimRequest(CacheRequest):
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Sequence[int],
         *,
         max_tokens: int,
         min_tokens: int = 0,
@@ -59,7 +59,7 @@ class SimRequest(CacheRequest):
         arrival: float = 0.0,
         on_step: Callable[[SimRequest, list[int]], None] | None = None,
     ) -> None:
-        super().__init__(list(prompt_token_ids), cache_salt)
+        super().__init__(prompt_token_ids, cache_salt)
         self.request_id = request_id
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_tokens = max_tokens

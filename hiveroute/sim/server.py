@@ -87,6 +87,9 @@ def _request_id(request: web.Request, prefix: str) -> str:
 
 async def generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
+    # Taking a request in can wait for a gap between the engines' step ends (see deadlines.py).
+    await engine.board.gap(engine.intake_cost.seconds)
+    started = time.perf_counter()
     body = await _body(request)
     model = _check_model(engine, body)
     stream, include_usage = stream_options(body)
@@ -112,6 +115,10 @@ async def generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     rid = _request_id(request, "chatcmpl" if chat else "cmpl")
     created = int(time.time())
     handle = engine.submit(tokens, params)
+    engine.intake_cost.observe(time.perf_counter() - started)
+    # The engine keeps its own copy of the prompt; this frame lives as long as the stream, and
+    # its lists of ids would be walked by every pass of the garbage collector until then.
+    del body, tokens
     try:
         if stream:
             return await _stream(
@@ -120,6 +127,9 @@ async def generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         return await _complete(engine, handle, rid, created, model, chat)
     finally:
         engine.abort(handle)  # no-op when it finished; frees the blocks of a client that left
+        # The stream writer refers to the handle: dropping the handle's reference to it breaks
+        # the cycle, so the request is freed now rather than by a full pass of the collector.
+        handle.sink = None
 
 
 async def _complete(

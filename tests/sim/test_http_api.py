@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
+from typing import Any
 
 import aiohttp
 import pytest
 from openai import AsyncOpenAI, BadRequestError, NotFoundError
 
 from hiveroute.engines.prom_text import parse_prometheus_text
+from hiveroute.sim.engine import RequestHandle
 from tests.sim.conftest import FleetFactory
 
 PROMPT = "the planner writes a plan and the executor runs the tools " * 6
@@ -313,3 +317,37 @@ async def test_tokens_leave_at_the_modelled_step_end_and_first_tokens_are_never_
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert len(chunks) == 6 and chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_a_finished_stream_frees_its_request_without_the_cyclic_collector(
+    sim_fleet: FleetFactory, session: aiohttp.ClientSession
+) -> None:
+    """A request left in a reference cycle waits for a pass of the garbage collector, and
+    hundreds of them make those passes long enough to stall every engine's steps."""
+    fleet = await sim_fleet()
+    engine = fleet.engines[0]
+    handles: list[weakref.ref[RequestHandle]] = []
+    submit = engine.submit
+
+    def tracked_submit(*args: Any, **kwargs: Any) -> RequestHandle:
+        handle = submit(*args, **kwargs)
+        handles.append(weakref.ref(handle))
+        return handle
+
+    engine.submit = tracked_submit  # type: ignore[method-assign]
+    gc.collect()
+    gc.disable()
+    try:
+        for stream in (True, False):
+            body = {"prompt": PROMPT, "max_tokens": 4, "stream": stream}
+            resp = await session.post(f"{engine.url}/v1/completions", json=body)
+            assert resp.status == 200
+            await resp.read()
+        for _ in range(50):  # the handlers finish just after the last byte is sent
+            if all(ref() is None for ref in handles):
+                break
+            await asyncio.sleep(0.01)
+        assert len(handles) == 2
+        assert [ref() is None for ref in handles] == [True, True]
+    finally:
+        gc.enable()
