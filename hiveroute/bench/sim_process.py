@@ -14,9 +14,12 @@ import json
 import signal
 import sys
 
+from hiveroute import runtime
+
 
 async def _main(args: argparse.Namespace) -> int:
     from hiveroute.sim import SimConfig, SimFleet
+    from hiveroute.sim.fleet import settle_collector
 
     options = json.loads(args.options) if args.options else {}
     config = SimConfig(
@@ -29,6 +32,7 @@ async def _main(args: argparse.Namespace) -> int:
     )
     fleet = SimFleet(config)
     await fleet.start()
+    settle_collector()  # as `hiveroute sim` does
     try:
         specs = list(fleet.engine_spec_texts())
         urls = [engine.url for engine in fleet.engines]
@@ -60,7 +64,7 @@ def main() -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--preset", default="llama-8b-h100")
     parser.add_argument("--options", default="", help="more SimConfig fields, as JSON")
-    return asyncio.run(_main(parser.parse_args()))
+    return runtime.run(_main(parser.parse_args()))  # uvloop, as `hiveroute sim` runs
 
 
 if __name__ == "__main__":

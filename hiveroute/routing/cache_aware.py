@@ -255,7 +255,9 @@ class KvTtftScorer(_CacheScorer):
         new_context = bool(tokens) and most < self.new_context_share * n_tokens
         if new_context:
             slack = self.new_context_slack * best_ttft + self.new_context_slack_s
-            winner = least_written(candidates, cost, cached, n_tokens, slack, self.footprint)
+            winner = least_written(
+                candidates, cost, predicted, cached, n_tokens, slack, self.footprint
+            )
             for name, score in scores.items():
                 scores[name] = min(score, 0.99)
             scores[winner.name] = 1.0

@@ -18,11 +18,15 @@ from hiveroute.engines.engine import Engine
 from hiveroute.routing.base import shared_service
 
 # A prompt no engine holds NEW_CONTEXT_SHARE of starts a new context; it may go to an engine
-# whose cost is up to NEW_CONTEXT_SLACK x the best predicted TTFT + NEW_CONTEXT_SLACK_S worse.
+# whose predicted TTFT is up to NEW_CONTEXT_SLACK x the best + NEW_CONTEXT_SLACK_S worse.
 NEW_CONTEXT_SHARE = 0.5
 NEW_CONTEXT_SLACK = 1.0
 NEW_CONTEXT_SLACK_S = 0.02
 SAME_MATCH_SHARE = 0.1  # matches this share of the prompt apart count as the same
+# An engine written less than STARVED_SHARE of the engines' mean lately is starved of new
+# contexts: it is offered them even when it holds up to STARVED_MATCH_SHARE of the prompt less.
+STARVED_SHARE = 0.5
+STARVED_MATCH_SHARE = 0.25
 
 
 class KvFootprint:
@@ -58,17 +62,37 @@ def kv_footprint(services: dict[str, Any]) -> KvFootprint:
 def least_written(
     candidates: list[Engine],
     cost: dict[str, float],
+    predicted: dict[str, float],
     cached: dict[str, int],
     n_tokens: int,
     slack_s: float,
     footprint: KvFootprint,
 ) -> Engine:
-    """Where a new context goes: the engine written to least lately, among those whose cost
-    (predicted TTFT, less any cache credit) is within `slack_s` of the best and which hold
-    about as much of the prompt as the cheapest one does (within `SAME_MATCH_SHARE` of the
-    prompt): balancing the writes never gives up a match the plain ranking would have used."""
+    """Where a new context goes: the engine written to least lately, among those whose
+    predicted TTFT is within `slack_s` of the best and which hold about as much of the prompt
+    as the one the plain ranking (`cost`) would pick (within `SAME_MATCH_SHARE` of the prompt).
+
+    An engine starved of writes (under `STARVED_SHARE` of the mean) is offered new contexts
+    even when it holds up to `STARVED_MATCH_SHARE` of the prompt less. Without that, a shared
+    prefix (a system prompt) cached on some engines only would keep every new context off the
+    others for good: they never get the prefix, because they never get a new context, and the
+    engines that do pile up sessions until their caches thrash.
+    """
     cheapest = min(candidates, key=lambda e: (cost[e.name], e.name))
     least = cached[cheapest.name] - SAME_MATCH_SHARE * n_tokens
-    limit = cost[cheapest.name] + slack_s
-    eligible = [e for e in candidates if cost[e.name] <= limit and cached[e.name] >= least]
-    return min(eligible, key=lambda e: (footprint.of(e.name), cost[e.name], e.name))
+    least_if_starved = cached[cheapest.name] - STARVED_MATCH_SHARE * n_tokens
+    limit = min(predicted[e.name] for e in candidates) + slack_s
+    written = {e.name: footprint.of(e.name) for e in candidates}
+    starved = STARVED_SHARE * sum(written.values()) / len(written)
+    eligible = [
+        e
+        for e in candidates
+        if predicted[e.name] <= limit
+        and (
+            cached[e.name] >= least
+            or (written[e.name] < starved and cached[e.name] >= least_if_starved)
+        )
+    ]
+    if not eligible:
+        return cheapest
+    return min(eligible, key=lambda e: (written[e.name], cost[e.name], e.name))

@@ -284,7 +284,9 @@ class WorkflowPlacementScorer(Scorer):
         if view is None:
             if n and max(cached.values()) < NEW_CONTEXT_SHARE * n:  # a new context
                 slack = NEW_CONTEXT_SLACK * best_any + NEW_CONTEXT_SLACK_S  # as `kv` does
-                chosen = least_written(candidates, predicted, cached, n, slack, self.footprint).name
+                chosen = least_written(
+                    candidates, predicted, predicted, cached, n, slack, self.footprint
+                ).name
             else:
                 chosen = min(candidates, key=lambda e: (predicted[e.name], e.name)).name
             reason = "workflow_none"

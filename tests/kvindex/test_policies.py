@@ -260,11 +260,39 @@ def test_balancing_writes_never_gives_up_a_match_the_ranking_would_use() -> None
     engines = [Engine(spec=EngineSpec(url=f"http://{n}:1")) for n in "abc"]
     a, b, c = (e.name for e in engines)
     footprint = KvFootprint()
-    footprint.add(a, 90_000)  # a was written most lately, b least
+    footprint.add(a, 90_000)  # a was written most lately, b least (none starved)
+    footprint.add(b, 60_000)
+    footprint.add(c, 61_000)
     cost = {a: 0.10, b: 0.11, c: 0.12}
+
+    def pick(cached: dict[str, int], slack_s: float) -> str:
+        return least_written(engines, cost, cost, cached, 1000, slack_s, footprint).name
+
     # a is cheapest because it holds 400 of the 1000 tokens: b and c, holding none, are not
     # offered however little was written there
-    assert least_written(engines, cost, {a: 400, b: 0, c: 0}, 1000, 0.1, footprint).name == a
+    assert pick({a: 400, b: 0, c: 0}, 0.1) == a
     # a shared prefix everyone holds: the least written within the slack wins
-    assert least_written(engines, cost, {a: 400, b: 400, c: 350}, 1000, 0.1, footprint).name == b
-    assert least_written(engines, cost, {a: 400, b: 400, c: 400}, 1000, 0.005, footprint).name == a
+    assert pick({a: 400, b: 400, c: 350}, 0.1) == b
+    assert pick({a: 400, b: 400, c: 400}, 0.005) == a
+
+
+def test_an_engine_starved_of_new_contexts_gets_them_whatever_it_holds() -> None:
+    """Sessions that share a system prompt: engines that never got a session lack it, and
+    without this rule never get a session, while the others pile them up and thrash."""
+    engines = [Engine(spec=EngineSpec(url=f"http://{n}:1")) for n in "abcd"]
+    a, b, c, d = (e.name for e in engines)
+    footprint = KvFootprint()
+    for name in (a, b):
+        footprint.add(name, 40_000)  # sessions started here lately: they hold the prompt
+    footprint.add(c, 30_000)
+    shared = {a: 1024, b: 1024, c: 1024, d: 0}  # a 1k system prompt in a 9k new context
+    predicted = {a: 0.60, b: 0.60, c: 0.61, d: 0.67}  # d must prefill the 1k too
+    cost = {name: t - 8 * shared[name] * 7e-5 for name, t in predicted.items()}
+
+    def pick(slack_s: float) -> str:
+        return least_written(engines, cost, predicted, shared, 9000, slack_s, footprint).name
+
+    assert pick(0.62) == d  # d, written nothing, is starved: it is offered the new context
+    assert pick(0.05) == c  # too slow for this slack: the least written of the others
+    footprint.add(d, 30_000)  # d is fed now: the match counts again
+    assert pick(0.62) == c
