@@ -21,7 +21,10 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    return (
+        f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs, {platform.system()} "
+        f"{platform.release()}, Python {platform.python_version()}"
+    )
 
 
 def write_report(name: str, title: str, body: str) -> Path:

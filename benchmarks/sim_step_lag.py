@@ -22,7 +22,6 @@ import asyncio
 import functools
 import multiprocessing as mp
 import os
-import platform
 import random
 import statistics
 import sys
@@ -31,10 +30,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hiveroute import runtime
-from hiveroute.sim.engine import MAX_CATCH_UP
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` is not on the path otherwise
 
-RESULTS = Path(__file__).resolve().parent / "results" / "sim_step_lag.md"
+from benchmarks.report import machine  # noqa: E402
+from hiveroute import runtime  # noqa: E402
+from hiveroute.sim.engine import MAX_CATCH_UP  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "sim_step_lag.md"
 
 
 def _client_main(
@@ -130,18 +133,6 @@ def _generated(engine: object) -> float:
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _machine() -> str:
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{platform.node()}: {model}, {os.cpu_count()} CPUs, Linux {platform.release()}, Python {platform.python_version()}"
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, float]:
@@ -289,7 +280,7 @@ def main() -> int:
         section = (
             f"## {args.engines} engines, {args.streams} streams\n\n"
             f"- date: {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}\n"
-            f"- machine: {_machine()}, load average before the run {load_before:.2f}\n"
+            f"- machine: {machine()}, load average before the run {load_before:.2f}\n"
             f"- command: `{command}`\n"
             f"- setup: {args.engines} engines (preset {args.preset}) in one process"
             f"{' pinned to one CPU' if args.pin else ''}, {args.streams} concurrent streams from a "
