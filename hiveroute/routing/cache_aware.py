@@ -45,7 +45,7 @@ from hiveroute.routing.footprint import (
     NEW_CONTEXT_SLACK,
     NEW_CONTEXT_SLACK_S,
     KvFootprint,
-    least_written,
+    new_context_engine,
 )
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.ttft import TtftPredictor
@@ -205,8 +205,8 @@ class KvTtftScorer(_CacheScorer):
         self.cache_weight = cache_weight
         self.backlog = backlog or PrefillBacklog()
         # A prompt no engine holds `new_context_share` of starts a new context: it goes where
-        # the fewest tokens were written lately, among engines whose cost is within
-        # `new_context_slack` x the best predicted TTFT (+ `new_context_slack_s`) of the best.
+        # the fewest tokens were written lately, among engines whose predicted TTFT is within
+        # `new_context_slack` x the best (+ `new_context_slack_s`) of the best.
         self.footprint = footprint or KvFootprint()
         self.new_context_share = new_context_share
         self.new_context_slack = new_context_slack
@@ -252,18 +252,25 @@ class KvTtftScorer(_CacheScorer):
             else:
                 scores[e.name] = 0.99 * (hi - c) / (hi - lo)
         winner = max(candidates, key=lambda e: (scores[e.name], cached[e.name]))
-        new_context = bool(tokens) and most < self.new_context_share * n_tokens
-        if new_context:
-            slack = self.new_context_slack * best_ttft + self.new_context_slack_s
-            winner = least_written(
-                candidates, cost, predicted, cached, n_tokens, slack, self.footprint
-            )
+        placed = new_context_engine(
+            candidates,
+            cost,
+            predicted,
+            cached,
+            n_tokens,
+            self.footprint,
+            share=self.new_context_share,
+            slack=self.new_context_slack,
+            slack_s=self.new_context_slack_s,
+        )
+        if placed is not None:
+            winner = placed
             for name, score in scores.items():
                 scores[name] = min(score, 0.99)
             scores[winner.name] = 1.0
         if tokens is None:
             reason = "no_tokens"
-        elif new_context and winner.name != min(cost, key=cost.__getitem__):
+        elif placed is not None and winner.name != min(cost, key=cost.__getitem__):
             reason = "kv_new_context"
         elif self.guard_took_best(request, state, most):
             reason = "load_guard"

@@ -96,3 +96,26 @@ def least_written(
     if not eligible:
         return cheapest
     return min(eligible, key=lambda e: (written[e.name], cost[e.name], e.name))
+
+
+def new_context_engine(
+    candidates: list[Engine],
+    cost: dict[str, float],
+    predicted: dict[str, float],
+    cached: dict[str, int],
+    n_tokens: int,
+    footprint: KvFootprint,
+    *,
+    share: float = NEW_CONTEXT_SHARE,
+    slack: float = NEW_CONTEXT_SLACK,
+    slack_s: float = NEW_CONTEXT_SLACK_S,
+) -> Engine | None:
+    """Where a prompt goes if it starts a new context (no engine holds `share` of it), else
+    None. The rule `kv` and workflow placement share: `least_written` among engines whose
+    predicted TTFT is within `slack` x the best + `slack_s` of the best."""
+    if not n_tokens or max(cached.values()) >= share * n_tokens:
+        return None
+    best = min(predicted[e.name] for e in candidates)
+    return least_written(
+        candidates, cost, predicted, cached, n_tokens, slack * best + slack_s, footprint
+    )

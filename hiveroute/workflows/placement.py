@@ -36,14 +36,7 @@ from hiveroute.routing.base import (
     ScorerCategory,
 )
 from hiveroute.routing.cache_aware import PrefixMatcher
-from hiveroute.routing.footprint import (
-    NEW_CONTEXT_SHARE,
-    NEW_CONTEXT_SLACK,
-    NEW_CONTEXT_SLACK_S,
-    KvFootprint,
-    kv_footprint,
-    least_written,
-)
+from hiveroute.routing.footprint import KvFootprint, kv_footprint, new_context_engine
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.ttft import TtftPredictor, shared_ttft_predictor
 from hiveroute.workflows.registry import WorkflowView
@@ -282,13 +275,10 @@ class WorkflowPlacementScorer(Scorer):
         chosen: str
         reason: str
         if view is None:
-            if n and max(cached.values()) < NEW_CONTEXT_SHARE * n:  # a new context
-                slack = NEW_CONTEXT_SLACK * best_any + NEW_CONTEXT_SLACK_S  # as `kv` does
-                chosen = least_written(
-                    candidates, predicted, predicted, cached, n, slack, self.footprint
-                ).name
-            else:
-                chosen = min(candidates, key=lambda e: (predicted[e.name], e.name)).name
+            placed = new_context_engine(candidates, predicted, predicted, cached, n, self.footprint)
+            if placed is None:  # not a new context: the fastest first token
+                placed = min(candidates, key=lambda e: (predicted[e.name], e.name))
+            chosen = placed.name
             reason = "workflow_none"
         else:
             homes = [e for e in view.engines if e in by_name]

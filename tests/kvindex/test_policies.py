@@ -276,9 +276,10 @@ def test_balancing_writes_never_gives_up_a_match_the_ranking_would_use() -> None
     assert pick({a: 400, b: 400, c: 400}, 0.005) == a
 
 
-def test_an_engine_starved_of_new_contexts_gets_them_whatever_it_holds() -> None:
+def test_an_engine_starved_of_new_contexts_gets_them_though_it_holds_less() -> None:
     """Sessions that share a system prompt: engines that never got a session lack it, and
-    without this rule never get a session, while the others pile them up and thrash."""
+    without this rule never get a session, while the others pile them up and thrash. A starved
+    engine may hold up to a quarter of the prompt less than the ranking's pick."""
     engines = [Engine(spec=EngineSpec(url=f"http://{n}:1")) for n in "abcd"]
     a, b, c, d = (e.name for e in engines)
     footprint = KvFootprint()
