@@ -33,10 +33,33 @@ class WorkCost:
     decay: float = 0.95
 
     def observe(self, seconds: float) -> None:
-        if seconds > self.seconds:
-            self.seconds = seconds
-        else:
-            self.seconds = self.decay * self.seconds + (1 - self.decay) * seconds
+        self.seconds = _follow(self.seconds, seconds, self.decay)
+
+
+@dataclass(slots=True)
+class SizedWorkCost:
+    """Like `WorkCost`, for work whose duration grows with its size (bytes of a request).
+
+    The rate follows rises at once and falls slowly; sizes under `floor` count as `floor`, which
+    stands for the work's fixed part. One large request then does not make every small one
+    look large (a single figure would, and they would wait for gaps they do not need).
+    """
+
+    seconds_per_unit: float
+    floor: int = 2048
+    decay: float = 0.95
+
+    def seconds(self, units: int) -> float:
+        return self.seconds_per_unit * max(units, self.floor)
+
+    def observe(self, seconds: float, units: int) -> None:
+        rate = seconds / max(units, self.floor)
+        self.seconds_per_unit = _follow(self.seconds_per_unit, rate, self.decay)
+
+
+def _follow(estimate: float, observed: float, decay: float) -> float:
+    """An estimate that takes a rise at once and a fall slowly."""
+    return observed if observed > estimate else decay * estimate + (1 - decay) * observed
 
 
 @dataclass

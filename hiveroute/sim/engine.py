@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from hiveroute.kvindex.tokenizer import BUILTIN_SPECIAL, Tokenizer
 from hiveroute.sim.clock import PreciseTimer
 from hiveroute.sim.config import SimConfig
-from hiveroute.sim.deadlines import DeadlineBoard, WorkCost
+from hiveroute.sim.deadlines import DeadlineBoard, SizedWorkCost, WorkCost
 from hiveroute.sim.events import EventPublisher
 from hiveroute.sim.faults import FaultKnobs
 from hiveroute.sim.kv_cache import Block, BlockPool, CacheRequest, KVCacheManager
@@ -159,7 +159,10 @@ class SimEngine:
         # Shared by the engines of one process: their step ends, which other work keeps clear of.
         self.board = board if board is not None else DeadlineBoard()
         self.slice_cost = WorkCost(0.0001)  # giving PRODUCE_SLICE requests their tokens
-        self.intake_cost = WorkCost(0.0002)  # taking in one request (parse, tokenize, submit)
+        # taking in a request (parse, tokenize, submit), per byte of its body
+        self.intake_cost = SizedWorkCost(1e-7)
+        # Requests are taken in one at a time in arrival order, as vLLM's scheduler sees them.
+        self.intake_lock = asyncio.Lock()
         self.write_cost = WorkCost(0.0001)  # writing WRITE_SLICE streams' pending chunks
         self._task: asyncio.Task[None] | None = None
         self._handles: dict[int, RequestHandle] = {}

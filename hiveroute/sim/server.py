@@ -23,6 +23,7 @@ from hiveroute.sim.engine import Output, RequestHandle, SimEngine
 from hiveroute.sim.requests import sampling_params, stream_options
 
 MAX_BODY = 64 * 1024 * 1024
+INTAKE_MAX_WAIT = 0.002  # seconds a request's intake may wait for a gap between step ends
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ENGINE_KEY = web.AppKey("engine", SimEngine)
 
@@ -87,38 +88,46 @@ def _request_id(request: web.Request, prefix: str) -> str:
 
 async def generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
-    # Taking a request in can wait for a gap between the engines' step ends (see deadlines.py).
-    await engine.board.gap(engine.intake_cost.seconds)
-    started = time.perf_counter()
-    body = await _body(request)
-    model = _check_model(engine, body)
-    stream, include_usage = stream_options(body)
-    path = "/v1/chat/completions" if chat else "/v1/completions"
-    tokens = prompt_token_ids(engine.tokenizer, path, body)
-    params = sampling_params(
-        body,
-        chat=chat,
-        num_prompt_tokens=len(tokens),
-        max_model_len=engine.max_model_len,
-        default_max_tokens=engine.config.default_max_tokens,
-        priority_enabled=engine.config.scheduling_policy == "priority",
-    )
-    faults = engine.faults
-    if faults.should_fail():
-        return _json(
-            error_body("simulated engine failure (fault knob fail_fraction)", "internal_error"),
-            status=faults.fail_status,
+    raw = await read_body(request, MAX_BODY)
+    # Requests are taken in one at a time, in arrival order, as vLLM's scheduler sees them. The
+    # intake may wait a moment for a gap between the engines' step ends (see deadlines.py), but
+    # never more than INTAKE_MAX_WAIT: that wait adds to the request's TTFT one for one.
+    async with engine.intake_lock:
+        await engine.board.gap(
+            engine.intake_cost.seconds(len(raw)), latest=time.monotonic() + INTAKE_MAX_WAIT
         )
-    if faults.stall_first_token_s > 0:
-        await asyncio.sleep(faults.stall_first_token_s)
-    drop_after = faults.drop_after_tokens if stream and faults.should_drop() else None
+        started = time.perf_counter()
+        body = parse_json_object(raw)
+        model = _check_model(engine, body)
+        stream, include_usage = stream_options(body)
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        tokens = prompt_token_ids(engine.tokenizer, path, body)
+        params = sampling_params(
+            body,
+            chat=chat,
+            num_prompt_tokens=len(tokens),
+            max_model_len=engine.max_model_len,
+            default_max_tokens=engine.config.default_max_tokens,
+            priority_enabled=engine.config.scheduling_policy == "priority",
+        )
+        faults = engine.faults
+        if faults.should_fail():
+            return _json(
+                error_body("simulated engine failure (fault knob fail_fraction)", "internal_error"),
+                status=faults.fail_status,
+            )
+        drop_after = faults.drop_after_tokens if stream and faults.should_drop() else None
+        stall_s = faults.stall_first_token_s
+        handle = None if stall_s > 0 else engine.submit(tokens, params)
+        engine.intake_cost.observe(time.perf_counter() - started, len(raw))
+    if handle is None:  # a stalled request must not hold up the ones behind it
+        await asyncio.sleep(stall_s)
+        handle = engine.submit(tokens, params)
     rid = _request_id(request, "chatcmpl" if chat else "cmpl")
     created = int(time.time())
-    handle = engine.submit(tokens, params)
-    engine.intake_cost.observe(time.perf_counter() - started)
     # The engine keeps its own copy of the prompt; this frame lives as long as the stream, and
     # its lists of ids would be walked by every pass of the garbage collector until then.
-    del body, tokens
+    del raw, body, tokens
     try:
         if stream:
             return await _stream(

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hiveroute.sim.deadlines import DeadlineBoard, WorkCost
+from hiveroute.sim.deadlines import DeadlineBoard, SizedWorkCost, WorkCost
 
 
 async def test_work_runs_at_once_when_no_step_end_is_near() -> None:
@@ -83,3 +83,12 @@ def test_a_work_cost_follows_rises_at_once_and_falls_slowly(
     for seconds in observed:
         cost.observe(seconds)
     assert cost.seconds == pytest.approx(expected)
+
+
+def test_a_sized_work_cost_scales_with_size_above_its_floor() -> None:
+    cost = SizedWorkCost(1e-6, floor=1000)
+    cost.observe(0.01, 10_000)  # 1 us per unit
+    assert cost.seconds(10_000) == pytest.approx(0.01)
+    assert cost.seconds(100) == pytest.approx(0.001)  # small work counts as the floor
+    cost.observe(0.0, 10_000)
+    assert cost.seconds_per_unit == pytest.approx(1e-6 * 0.95)

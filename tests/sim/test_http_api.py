@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import time
 import weakref
 from typing import Any
 
@@ -14,6 +15,7 @@ from openai import AsyncOpenAI, BadRequestError, NotFoundError
 
 from hiveroute.engines.prom_text import parse_prometheus_text
 from hiveroute.sim.engine import RequestHandle
+from hiveroute.sim.server import INTAKE_MAX_WAIT
 from tests.sim.conftest import FleetFactory
 
 PROMPT = "the planner writes a plan and the executor runs the tools " * 6
@@ -351,3 +353,49 @@ async def test_a_finished_stream_frees_its_request_without_the_cyclic_collector(
         assert [ref() is None for ref in handles] == [True, True]
     finally:
         gc.enable()
+
+
+async def test_requests_are_taken_in_in_arrival_order_without_a_long_wait(
+    sim_fleet: FleetFactory, session: aiohttp.ClientSession
+) -> None:
+    """vLLM's scheduler sees requests in the order they arrive, and taking one in costs it
+    only its parsing: the intake may wait for a gap between other engines' step ends
+    (deadlines.py), but only briefly, and never lets a later request overtake."""
+    fleet = await sim_fleet()
+    engine = fleet.engines[0]
+    submitted: list[int] = []
+    submit = engine.submit
+
+    def recording_submit(tokens: Any, params: Any) -> RequestHandle:
+        submitted.append(params.max_tokens)
+        return submit(tokens, params)
+
+    waits: list[float] = []
+    gap = engine.board.gap
+
+    async def recording_gap(need: float, **kwargs: Any) -> None:
+        if "owner" not in kwargs:  # the intake's (an engine's own work names its engine)
+            latest = kwargs.get("latest")
+            waits.append(float("inf") if latest is None else latest - time.monotonic())
+        await gap(need, **kwargs)
+
+    engine.submit = recording_submit  # type: ignore[method-assign]
+    engine.board.gap = recording_gap  # type: ignore[method-assign]
+    engine.board.sleeping_until(99, time.monotonic() - 1.0)  # a stuck engine, never served
+
+    async def post(prompt: str, max_tokens: int) -> int:
+        body = {"prompt": prompt, "max_tokens": max_tokens}
+        resp = await session.post(f"{engine.url}/v1/completions", json=body)
+        await resp.read()
+        return resp.status
+
+    await engine.intake_lock.acquire()  # hold the intake while all three arrive
+    sizes = [PROMPT * 40, PROMPT, PROMPT * 10]  # the longest first: it must not be passed
+    tasks = []
+    for max_tokens, prompt in enumerate(sizes, start=1):
+        tasks.append(asyncio.create_task(post(prompt, max_tokens)))
+        await asyncio.sleep(0.05)
+    engine.intake_lock.release()
+    assert await asyncio.gather(*tasks) == [200, 200, 200]
+    assert submitted == [1, 2, 3]
+    assert len(waits) == 3 and max(waits) <= INTAKE_MAX_WAIT
