@@ -12,8 +12,15 @@
   ``ceil(load_factor × average) + slack`` is not a candidate, so no engine is chosen for its
   cache when that makes it the bottleneck.
 
+A request leaves the engine holding most of its prefix for a shorter predicted TTFT only when
+that engine's prediction is in the tail of recent TTFTs (`tail_quantile`): leaving costs the
+hit and a second copy of the prefix, staying costs this request some TTFT, which matters for the
+SLO only once it is among the slowest.
+
 Reasons (CycleState["reason"], counted in hiveroute_routing_decisions_total): `kv_hit`,
-`kv_ttft_tradeoff` (a shorter match won on predicted TTFT), `kv_miss`, `prefix_hit`,
+`kv_ttft_tradeoff` (a shorter match won on predicted TTFT), `kv_kept` (the longest match kept
+although another engine was predicted faster: its prediction is not in the tail), `kv_miss`,
+`kv_new_context` (see footprint.py), `prefix_hit`,
 `prefix_miss`, `load_guard` (the engine with the best match was excluded), `no_tokens`.
 """
 
@@ -48,7 +55,7 @@ from hiveroute.routing.footprint import (
     new_context_engine,
 )
 from hiveroute.routing.policy import REASON_KEY
-from hiveroute.routing.ttft import TtftPredictor
+from hiveroute.routing.ttft import RecentTtfts, TtftPredictor
 
 GUARD_EXCLUDED_KEY = "load_guard_excluded"  # list[Engine] the guard removed this cycle
 TTFT_KEY = "predicted_ttft"  # dict[engine name, seconds]
@@ -192,11 +199,15 @@ class KvTtftScorer(_CacheScorer):
         new_context_share: float = NEW_CONTEXT_SHARE,
         new_context_slack: float = NEW_CONTEXT_SLACK,
         new_context_slack_s: float = NEW_CONTEXT_SLACK_S,
+        tail_quantile: float | None = 0.95,
+        recent: RecentTtfts | None = None,
     ) -> None:
         if min(tolerance, tolerance_s, cache_weight, new_context_slack, new_context_slack_s) < 0:
             raise ValueError("tolerances, slacks and cache_weight must not be negative")
         if not 0.0 <= new_context_share <= 1.0:
             raise ValueError("new_context_share must be within [0, 1]")
+        if tail_quantile is not None and not 0.0 < tail_quantile <= 1.0:
+            raise ValueError("tail_quantile must be within (0, 1], or null to turn it off")
         super().__init__(PrefixMatcher(index, tokenizer))
         self.predictor = predictor
         self.speculative = speculate
@@ -211,6 +222,10 @@ class KvTtftScorer(_CacheScorer):
         self.new_context_share = new_context_share
         self.new_context_slack = new_context_slack
         self.new_context_slack_s = new_context_slack_s
+        # A request stays with the engine holding most of its prefix unless that engine's
+        # predicted TTFT is in the tail: above the `tail_quantile` of recent TTFTs.
+        self.tail_quantile = tail_quantile
+        self.recent = recent or RecentTtfts()
 
     def score(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
@@ -252,6 +267,7 @@ class KvTtftScorer(_CacheScorer):
             else:
                 scores[e.name] = 0.99 * (hi - c) / (hi - lo)
         winner = max(candidates, key=lambda e: (scores[e.name], cached[e.name]))
+        tail = self.recent.quantile(self.tail_quantile) if self.tail_quantile else None
         placed = new_context_engine(
             candidates,
             cost,
@@ -262,9 +278,13 @@ class KvTtftScorer(_CacheScorer):
             share=self.new_context_share,
             slack=self.new_context_slack,
             slack_s=self.new_context_slack_s,
+            tail_s=tail,
         )
-        if placed is not None:
-            winner = placed
+        kept = None
+        if placed is None and tail is not None and cached[winner.name] < most:
+            kept = _holder_unless_tail(candidates, cost, predicted, cached, most, tail)
+        if placed is not None or kept is not None:
+            winner = placed or kept or winner
             for name, score in scores.items():
                 scores[name] = min(score, 0.99)
             scores[winner.name] = 1.0
@@ -274,6 +294,8 @@ class KvTtftScorer(_CacheScorer):
             reason = "kv_new_context"
         elif self.guard_took_best(request, state, most):
             reason = "load_guard"
+        elif kept is not None:
+            reason = "kv_kept"
         elif most == 0:
             reason = "kv_miss"
         elif cached[winner.name] == most:
@@ -307,6 +329,7 @@ class KvTtftScorer(_CacheScorer):
             return
         if not request.body.get("stream") and (outcome.completion_tokens or 0) > 1:
             return  # a whole response's time is not a TTFT
+        self.recent.observe(outcome.ttft_s)
         queue_depth, backlog, uncached, lower = routed
         if outcome.prompt_tokens is not None and outcome.cached_tokens is not None:
             uncached = max(0, outcome.prompt_tokens - outcome.cached_tokens)
@@ -317,6 +340,23 @@ class KvTtftScorer(_CacheScorer):
             lower_tier_tokens=lower,
             ttft_s=outcome.ttft_s,
         )
+
+
+def _holder_unless_tail(
+    candidates: list[Engine],
+    cost: dict[str, float],
+    predicted: dict[str, float],
+    cached: dict[str, int],
+    most: int,
+    tail_s: float,
+) -> Engine | None:
+    """The engine holding the most of the prefix, when the ranking left it for a shorter
+    predicted TTFT but its own prediction is not in the tail (over `tail_s`). Leaving costs
+    the hit (and a second copy of the prefix); staying costs this request some TTFT, which
+    matters for the SLO only once it is among the slowest."""
+    holders = [e for e in candidates if cached[e.name] == most]
+    holder = min(holders, key=lambda e: (cost[e.name], e.name))
+    return holder if predicted[holder.name] <= tail_s else None
 
 
 class ApproxPrefixScorer(_CacheScorer):

@@ -28,7 +28,7 @@ from hiveroute.routing.footprint import kv_footprint
 from hiveroute.routing.pickers import MaxScorePicker, RoundRobinPicker
 from hiveroute.routing.policy import Policy, WeightedScorer
 from hiveroute.routing.scorers import LoadScorer, SessionAffinityScorer
-from hiveroute.routing.ttft import shared_ttft_predictor
+from hiveroute.routing.ttft import recent_ttfts, shared_ttft_predictor
 from hiveroute.workflows.placement import WorkflowPlacementScorer
 
 
@@ -56,6 +56,7 @@ PLUGINS: dict[str, PluginFactory] = {
         shared_ttft_predictor(ctx.services),
         backlog=prefill_backlog(ctx.services),
         footprint=kv_footprint(ctx.services),
+        recent=recent_ttfts(ctx.services),
         **kw,
     ),
     "prefix_affinity": lambda ctx, **kw: ApproxPrefixScorer(get_tokenizer(ctx.services), **kw),

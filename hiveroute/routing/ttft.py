@@ -11,6 +11,7 @@ recompute. The `kv` policy uses this object; the `workflow` policy reuses it.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,3 +136,42 @@ class TtftPredictor:
 def shared_ttft_predictor(services: dict[str, Any]) -> TtftPredictor:
     """The router's one TTFT predictor, shared by every plugin that predicts (kv, workflow)."""
     return shared_service(services, "ttft_predictor", TtftPredictor)
+
+
+class RecentTtfts:
+    """The TTFTs the router measured lately, for "is this prediction in the tail?".
+
+    A window of the last `window` first-token times (any engine). Quantiles are worked out
+    again every `refresh` observations, so asking costs nothing per request.
+    """
+
+    def __init__(self, window: int = 512, min_samples: int = 64, refresh: int = 32) -> None:
+        if window <= 0 or min_samples <= 0 or refresh <= 0:
+            raise ValueError("window, min_samples and refresh must be positive")
+        self.min_samples = min_samples
+        self.refresh = refresh
+        self._ttfts: deque[float] = deque(maxlen=window)
+        self._sorted: list[float] = []
+        self._since_sort = 0
+
+    def __len__(self) -> int:
+        return len(self._ttfts)
+
+    def observe(self, ttft_s: float) -> None:
+        if 0.0 < ttft_s < 3600.0:
+            self._ttfts.append(ttft_s)
+            self._since_sort += 1
+
+    def quantile(self, q: float) -> float | None:
+        """The `q` quantile of recent TTFTs, or None before `min_samples` of them."""
+        if len(self._ttfts) < self.min_samples:
+            return None
+        if self._since_sort >= self.refresh or len(self._sorted) < self.min_samples:
+            self._sorted = sorted(self._ttfts)
+            self._since_sort = 0
+        return self._sorted[min(len(self._sorted) - 1, int(q * len(self._sorted)))]
+
+
+def recent_ttfts(services: dict[str, Any]) -> RecentTtfts:
+    """The router's one record of recent TTFTs (fed by the plugins that observe them)."""
+    return shared_service(services, "recent_ttfts", RecentTtfts)

@@ -14,10 +14,10 @@ from hiveroute.kvindex.tokenizer import BuiltinTokenizer
 from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.base import CycleState, Decision, RequestOutcome, RoutingRequest
 from hiveroute.routing.cache_aware import KvTtftScorer
-from hiveroute.routing.footprint import KvFootprint, least_written
+from hiveroute.routing.footprint import KvFootprint, least_written, new_context_engine
 from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, build_policy
-from hiveroute.routing.ttft import TtftPredictor
+from hiveroute.routing.ttft import RecentTtfts, TtftPredictor
 
 BS = 16
 PROMPT = " ".join(f"word{i}" for i in range(200))  # ~400 tokens with the built-in tokenizer
@@ -219,6 +219,7 @@ async def test_a_prefill_backlog_sends_the_next_request_elsewhere_until_its_firs
     assert decision.engine is holder and decision.reason == "kv_hit"
     policy.on_completed(long_req, RequestOutcome(holder, 200, ttft_s=0.5), state)
     assert scorer.backlog.of(holder.name) == (0, 0)  # settled once, not twice
+    assert len(scorer.recent) == 1  # the measured TTFT joins the recent ones (the tail rule)
 
 
 async def test_a_new_context_goes_where_least_was_written_lately_unless_much_slower() -> None:
@@ -297,3 +298,65 @@ def test_an_engine_starved_of_new_contexts_gets_them_though_it_holds_less() -> N
     assert pick(0.05) == c  # too slow for this slack: the least written of the others
     footprint.add(d, 30_000)  # d is fed now: the match counts again
     assert pick(0.62) == c
+
+
+async def test_kv_keeps_the_cached_prefix_unless_staying_would_be_a_tail_ttft() -> None:
+    """Leaving the holder costs the hit; staying costs this request TTFT, which only matters
+    for the SLO once it is among the slowest of recent TTFTs."""
+    pool, policy, svc = make(2, "kv")
+    holder, other = pool.engines
+    tokens = BuiltinTokenizer().encode(PROMPT)
+    cache_on(svc["kv_index"], holder.name, tokens[:320])  # most of the prompt
+    svc["kv_index"].set_block_size(other.name, BS)
+    holder.load.in_flight = 20  # ~0.4 s of queueing by the default predictor: a tradeoff
+    scorer = policy.scorers[0].scorer
+    assert isinstance(scorer, KvTtftScorer)
+
+    async def decide(rid: str) -> Decision:
+        state = CycleState()
+        await policy.prepare(request(rid=rid), state)
+        return policy.choose(request(rid=rid), pool.candidates("m"), state)
+
+    decision = await decide("no-history")  # no TTFTs seen yet: the plain ranking decides
+    assert decision.engine is other and decision.reason == "kv_ttft_tradeoff"
+    for _ in range(100):
+        scorer.recent.observe(0.5)  # recent TTFTs are slow: 0.4 s is not the tail
+    decision = await decide("slow-fleet")
+    assert decision.engine is holder and decision.reason == "kv_kept"
+    for _ in range(512):
+        scorer.recent.observe(0.05)  # a fast fleet: 0.4 s would be a tail TTFT
+    decision = await decide("fast-fleet")
+    assert decision.engine is other and decision.reason == "kv_ttft_tradeoff"
+    with pytest.raises(ValueError, match="tail_quantile"):
+        KvTtftScorer(KvIndex(), BuiltinTokenizer(), TtftPredictor(), tail_quantile=1.5)
+
+
+def test_a_new_context_whose_ttft_would_be_in_the_tail_goes_where_it_is_fastest() -> None:
+    engines = [Engine(spec=EngineSpec(url=f"http://{n}:1")) for n in "ab"]
+    a, b = (e.name for e in engines)
+    footprint = KvFootprint()
+    footprint.add(a, 50_000)  # b was written less lately: it would get the new context
+    predicted = {a: 0.40, b: 0.45}  # a long prompt: both slower than recent TTFTs
+    cached = {a: 0, b: 0}
+
+    def place(tail_s: float | None) -> str | None:
+        found = new_context_engine(
+            engines, predicted, predicted, cached, 9000, footprint, tail_s=tail_s
+        )
+        return found.name if found else None
+
+    assert place(None) == b  # within 2 x the best + 20 ms: the least written
+    assert place(0.30) == a  # the best is in the tail already: only the best will do
+    assert place(0.60) == b  # under the tail: the slack applies as before
+
+
+def test_recent_ttfts_quantiles_need_enough_samples() -> None:
+    recent = RecentTtfts(window=100, min_samples=10, refresh=1)
+    for i in range(9):
+        recent.observe(0.01 * (i + 1))
+    assert recent.quantile(0.5) is None
+    recent.observe(0.10)
+    assert recent.quantile(0.5) == pytest.approx(0.06)
+    assert recent.quantile(1.0) == pytest.approx(0.10)
+    recent.observe(-1.0)  # not a TTFT: ignored
+    assert recent.quantile(0.0) == pytest.approx(0.01)
