@@ -5,10 +5,18 @@ routed there before it. That, not the number of requests in flight, is what a bu
 prompts costs the next request; and requests still waiting for their first token are not yet
 decoding, so they are not "queue" in the decode sense either. One backlog per router (shared
 by every plugin that predicts TTFT), fed at routing and settled at the first token.
+
+The engine works through its backlog meanwhile: an engine 300 ms into an 8k-token prefill is
+nearly free, one that has just been sent it is not. Given the engine's prefill cost, the
+backlog counts as drained at that rate since the engine began on what is left (when its
+backlog was last empty, or its last first token came back).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from hiveroute.engines.engine import Engine
@@ -17,30 +25,56 @@ from hiveroute.routing.base import CycleState, shared_service
 BACKLOG_KEY = "prefill_backlog_entry"  # (engine name, tokens) this request added
 
 
-class PrefillBacklog:
-    """Per engine: [uncached prompt tokens, requests] routed there, first token not yet back."""
+@dataclass
+class _EngineBacklog:
+    tokens: int = 0
+    requests: int = 0
+    since: float = 0.0  # when the engine began on the tokens left (clock seconds)
 
-    def __init__(self) -> None:
-        self._by_engine: dict[str, list[int]] = {}
+
+class PrefillBacklog:
+    """Per engine: uncached prompt tokens and requests routed there, first token not yet
+    back."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._by_engine: dict[str, _EngineBacklog] = {}
 
     def of(self, engine: str) -> tuple[int, int]:
         """(tokens, requests) sent to `engine` and not yet prefilled."""
         found = self._by_engine.get(engine)
-        return (found[0], found[1]) if found else (0, 0)
+        return (found.tokens, found.requests) if found else (0, 0)
 
-    def features(self, engine: Engine, uncached: int) -> tuple[float, int]:
+    def remaining(self, engine: str, seconds_per_token: float | None = None) -> float:
+        """Tokens `engine` still has to prefill: all of them, or, given its prefill cost,
+        less what it will have prefilled since it began on them."""
+        found = self._by_engine.get(engine)
+        if found is None:
+            return 0.0
+        if not seconds_per_token or seconds_per_token <= 0:
+            return float(found.tokens)
+        done = (self.clock() - found.since) / seconds_per_token
+        return max(0.0, found.tokens - done)
+
+    def features(
+        self, engine: Engine, uncached: int, seconds_per_token: float | None = None
+    ) -> tuple[float, float]:
         """A TTFT predictor's inputs for a request with `uncached` tokens: the requests
-        decoding there, and the tokens to prefill before its first token."""
-        tokens, requests = self.of(engine.name)
-        return max(0.0, engine.load.queue_depth - requests), tokens + uncached
+        decoding there, and the tokens to prefill before its first token (the backlog
+        drained at `seconds_per_token` when given)."""
+        _, requests = self.of(engine.name)
+        backlog = self.remaining(engine.name, seconds_per_token)
+        return max(0.0, engine.load.queue_depth - requests), backlog + uncached
 
     def add(self, engine: str, uncached: int, state: CycleState) -> None:
         """The request was routed to `engine` with `uncached` tokens to prefill (a retry
         replaces the earlier attempt's entry)."""
         self.settle(state)
-        entry = self._by_engine.setdefault(engine, [0, 0])
-        entry[0] += max(0, uncached)
-        entry[1] += 1
+        entry = self._by_engine.get(engine)
+        if entry is None:
+            entry = self._by_engine[engine] = _EngineBacklog(since=self.clock())
+        entry.tokens += max(0, uncached)
+        entry.requests += 1
         state[BACKLOG_KEY] = (engine, max(0, uncached))
 
     def settle(self, state: CycleState) -> None:
@@ -51,9 +85,10 @@ class PrefillBacklog:
         name, tokens = entry
         found = self._by_engine.get(name)
         if found is not None:
-            found[0] -= tokens
-            found[1] -= 1
-            if found[1] <= 0:
+            found.tokens -= tokens
+            found.requests -= 1
+            found.since = self.clock()  # what is left starts now, as far as we know
+            if found.requests <= 0:
                 del self._by_engine[name]
 
 

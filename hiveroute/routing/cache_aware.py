@@ -1,8 +1,9 @@
 """Cache-aware routing plugins: the `kv` and `prefix` policies and their load guard.
 
 - `KvTtftScorer` (policy `kv`): for each engine, the prefix the KV index says it holds, then a
-  predicted TTFT: (the prompt tokens already sent there and not yet prefilled + this request's
-  uncached tokens) × its learned prefill cost + queueing from its load. Ranked by that
+  predicted TTFT: (the prompt tokens already sent there and not yet prefilled, drained at its
+  learned rate, + this request's uncached tokens) × its learned prefill cost + queueing from
+  its load. Ranked by that
   prediction less the value of what it holds (`cache_weight` × cached tokens × prefill cost):
   the best scores 1, engines within a tolerance of it are ordered by how much they hold.
 - `ApproxPrefixScorer` (policy `prefix`): no engine events; remembers where its own decisions
@@ -201,6 +202,7 @@ class KvTtftScorer(_CacheScorer):
         new_context_slack_s: float = NEW_CONTEXT_SLACK_S,
         tail_quantile: float | None = 0.95,
         recent: RecentTtfts | None = None,
+        drain_backlog: bool = True,
     ) -> None:
         if min(tolerance, tolerance_s, cache_weight, new_context_slack, new_context_slack_s) < 0:
             raise ValueError("tolerances, slacks and cache_weight must not be negative")
@@ -215,6 +217,8 @@ class KvTtftScorer(_CacheScorer):
         self.tolerance_s = tolerance_s
         self.cache_weight = cache_weight
         self.backlog = backlog or PrefillBacklog()
+        # count an engine's backlog as drained at its learned prefill rate (backlog.py)
+        self.drain_backlog = drain_backlog
         # A prompt no engine holds `new_context_share` of starts a new context: it goes where
         # the fewest tokens were written lately, among engines whose predicted TTFT is within
         # `new_context_slack` x the best (+ `new_context_slack_s`) of the best.
@@ -237,7 +241,9 @@ class KvTtftScorer(_CacheScorer):
         for engine in candidates:
             m = self.match(request, engine, state)
             cached[engine.name] = min(m.tokens, n_tokens)
-            queue, to_prefill = self.backlog.features(engine, n_tokens - cached[engine.name])
+            queue, to_prefill = self.backlog.features(
+                engine, n_tokens - cached[engine.name], self._drain_rate(engine)
+            )
             predicted[engine.name] = self.predictor.predict(
                 engine.name,
                 queue_depth=queue,
@@ -310,12 +316,15 @@ class KvTtftScorer(_CacheScorer):
         tokens = self.matcher.tokens(request, state)
         n_tokens = len(tokens) if tokens else 0
         uncached = max(0, n_tokens - m.tokens)
-        queue, to_prefill = self.backlog.features(engine, 0)
+        queue, to_prefill = self.backlog.features(engine, 0, self._drain_rate(engine))
         state[ROUTED_KEY] = (queue, to_prefill, uncached, min(m.lower_tokens, n_tokens))
         self.backlog.add(engine.name, uncached, state)
         self.footprint.add(engine.name, uncached)
         if self.speculative:
             self.matcher.speculate(request, engine, state, None)
+
+    def _drain_rate(self, engine: Engine) -> float | None:
+        return self.predictor.prefill_cost(engine.name) if self.drain_backlog else None
 
     def on_first_token(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
         self.backlog.settle(state)

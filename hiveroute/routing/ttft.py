@@ -85,7 +85,7 @@ class TtftPredictor:
         return model.observations if model else 0
 
     def estimate(
-        self, engine: str, *, queue_depth: float, uncached_tokens: int, lower_tier_tokens: int = 0
+        self, engine: str, *, queue_depth: float, uncached_tokens: float, lower_tier_tokens: int = 0
     ) -> TtftEstimate:
         base, per_request, per_ktoken = self._model(engine).theta
         queue_s = float(base + per_request * max(0.0, queue_depth))
@@ -94,7 +94,7 @@ class TtftPredictor:
         return TtftEstimate(queue_s + prefill_s, queue_s, prefill_s)
 
     def predict(
-        self, engine: str, *, queue_depth: float, uncached_tokens: int, lower_tier_tokens: int = 0
+        self, engine: str, *, queue_depth: float, uncached_tokens: float, lower_tier_tokens: int = 0
     ) -> float:
         return self.estimate(
             engine,
@@ -108,7 +108,7 @@ class TtftPredictor:
         engine: str,
         *,
         queue_depth: float,
-        uncached_tokens: int,
+        uncached_tokens: float,
         ttft_s: float,
         lower_tier_tokens: int = 0,
     ) -> None:

@@ -12,6 +12,7 @@ from hiveroute.kvindex.index import KvIndex
 from hiveroute.kvindex.request_tokens import PREFIX_MATCH_KEY, TOKEN_IDS_KEY
 from hiveroute.kvindex.tokenizer import BuiltinTokenizer
 from hiveroute.metadata import RequestMetadata
+from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, Decision, RequestOutcome, RoutingRequest
 from hiveroute.routing.cache_aware import KvTtftScorer
 from hiveroute.routing.footprint import KvFootprint, least_written, new_context_engine
@@ -360,3 +361,25 @@ def test_recent_ttfts_quantiles_need_enough_samples() -> None:
     assert recent.quantile(1.0) == pytest.approx(0.10)
     recent.observe(-1.0)  # not a TTFT: ignored
     assert recent.quantile(0.0) == pytest.approx(0.01)
+
+
+def test_the_backlog_drains_at_the_engines_prefill_rate_until_the_first_token() -> None:
+    """An engine 0.3 s into an 8k-token prefill at 40 us/token is nearly free; one just sent
+    it is not. The first token settles the request: what is left starts from then."""
+    now = [100.0]
+    backlog = PrefillBacklog(clock=lambda: now[0])
+    first, second = CycleState(), CycleState()
+    backlog.add("e", 8000, first)
+    backlog.add("e", 2000, second)
+    assert backlog.remaining("e") == 10_000  # without a rate: every token sent
+    assert backlog.remaining("e", 4e-5) == 10_000
+    now[0] += 0.3
+    assert backlog.remaining("e", 4e-5) == pytest.approx(2500)
+    assert backlog.remaining("e") == 10_000
+    backlog.settle(first)  # its first token: the second request starts now, as far as we know
+    assert backlog.remaining("e", 4e-5) == 2000
+    now[0] += 1.0
+    assert backlog.remaining("e", 4e-5) == 0.0  # never below nothing
+    assert backlog.of("e") == (2000, 1)
+    backlog.settle(second)
+    assert backlog.of("e") == (0, 0) and backlog.remaining("e", 4e-5) == 0.0
