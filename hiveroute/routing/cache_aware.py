@@ -284,7 +284,6 @@ class KvTtftScorer(_CacheScorer):
             share=self.new_context_share,
             slack=self.new_context_slack,
             slack_s=self.new_context_slack_s,
-            tail_s=tail,
         )
         kept = None
         if placed is None and tail is not None and cached[winner.name] < most:

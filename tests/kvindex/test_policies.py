@@ -15,7 +15,7 @@ from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, Decision, RequestOutcome, RoutingRequest
 from hiveroute.routing.cache_aware import KvTtftScorer
-from hiveroute.routing.footprint import KvFootprint, least_written, new_context_engine
+from hiveroute.routing.footprint import KvFootprint, least_written
 from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, build_policy
 from hiveroute.routing.ttft import RecentTtfts, TtftPredictor
@@ -330,25 +330,6 @@ async def test_kv_keeps_the_cached_prefix_unless_staying_would_be_a_tail_ttft() 
     assert decision.engine is other and decision.reason == "kv_ttft_tradeoff"
     with pytest.raises(ValueError, match="tail_quantile"):
         KvTtftScorer(KvIndex(), BuiltinTokenizer(), TtftPredictor(), tail_quantile=1.5)
-
-
-def test_a_new_context_whose_ttft_would_be_in_the_tail_goes_where_it_is_fastest() -> None:
-    engines = [Engine(spec=EngineSpec(url=f"http://{n}:1")) for n in "ab"]
-    a, b = (e.name for e in engines)
-    footprint = KvFootprint()
-    footprint.add(a, 50_000)  # b was written less lately: it would get the new context
-    predicted = {a: 0.40, b: 0.45}  # a long prompt: both slower than recent TTFTs
-    cached = {a: 0, b: 0}
-
-    def place(tail_s: float | None) -> str | None:
-        found = new_context_engine(
-            engines, predicted, predicted, cached, 9000, footprint, tail_s=tail_s
-        )
-        return found.name if found else None
-
-    assert place(None) == b  # within 2 x the best + 20 ms: the least written
-    assert place(0.30) == a  # the best is in the tail already: only the best will do
-    assert place(0.60) == b  # under the tail: the slack applies as before
 
 
 def test_recent_ttfts_quantiles_need_enough_samples() -> None:
