@@ -5,6 +5,12 @@ siblings) will read its blocks again, and writing them evicts older blocks. Send
 where fewer tokens were written lately keeps every engine's live contexts resident (SGLang's
 router gets this by sending unmatched prompts to its smallest tree). Sending them where the
 queue is shortest this instant can pile sessions onto one engine until its cache thrashes.
+
+"Lately" is a half-life of FOOTPRINT_HALF_LIFE_S, about as long as an agent session or a
+conversation stays live between turns. Writes older than that belong to contexts that are over,
+whose blocks are the first evicted anyway. With a one-minute half-life (until 2026-12-01) the
+multi-turn benchmark's TTFT p99 was 670-808 ms; with 10 s, 471-506 ms in two runs
+(benchmarks/results/kv_routing.md).
 """
 
 from __future__ import annotations
@@ -27,13 +33,16 @@ SAME_MATCH_SHARE = 0.1  # matches this share of the prompt apart count as the sa
 # contexts: it is offered them even when it holds up to STARVED_MATCH_SHARE of the prompt less.
 STARVED_SHARE = 0.5
 STARVED_MATCH_SHARE = 0.25
+FOOTPRINT_HALF_LIFE_S = 10.0
 
 
 class KvFootprint:
     """Per engine: uncached prompt tokens routed there, fading with a half-life."""
 
     def __init__(
-        self, half_life_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+        self,
+        half_life_s: float = FOOTPRINT_HALF_LIFE_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if half_life_s <= 0:
             raise ValueError("half_life_s must be positive")
