@@ -273,7 +273,6 @@ class KvTtftScorer(_CacheScorer):
             else:
                 scores[e.name] = 0.99 * (hi - c) / (hi - lo)
         winner = max(candidates, key=lambda e: (scores[e.name], cached[e.name]))
-        tail = self.recent.quantile(self.tail_quantile) if self.tail_quantile else None
         placed = new_context_engine(
             candidates,
             cost,
@@ -286,10 +285,13 @@ class KvTtftScorer(_CacheScorer):
             slack_s=self.new_context_slack_s,
         )
         kept = None
-        if placed is None and tail is not None and cached[winner.name] < most:
-            kept = _holder_unless_tail(candidates, cost, predicted, cached, most, tail)
-        if placed is not None or kept is not None:
-            winner = placed or kept or winner
+        if placed is None and cached[winner.name] < most and self.tail_quantile is not None:
+            tail = self.recent.quantile(self.tail_quantile)  # only a tradeoff needs it
+            if tail is not None:
+                kept = _holder_unless_tail(candidates, cost, predicted, cached, most, tail)
+        chosen = placed or kept
+        if chosen is not None:
+            winner = chosen
             for name, score in scores.items():
                 scores[name] = min(score, 0.99)
             scores[winner.name] = 1.0
