@@ -117,7 +117,7 @@ def _stored(fields: dict[str, Any]) -> BlockStored:
     )
 
 
-_ARRAY_FIELDS = {
+ARRAY_FIELDS = {
     "BlockStored": (
         "block_hashes",
         "parent_block_hash",
@@ -140,7 +140,7 @@ def decode_event(raw: Any) -> KvEvent | None:
         fields = raw
     elif isinstance(raw, (list, tuple)) and raw and isinstance(raw[0], str):
         kind = raw[0]
-        names = _ARRAY_FIELDS.get(kind)
+        names = ARRAY_FIELDS.get(kind)
         if names is None:
             return None
         fields = dict(zip(names, raw[1:], strict=False))

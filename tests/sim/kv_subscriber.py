@@ -1,6 +1,8 @@
-"""A KV-event subscriber for tests: decodes vLLM 0.32 maps and the older array encoding.
+"""A KV-event subscriber for tests: vLLM 0.32 maps and the older arrays, as raw dicts.
 
-Used on the simulator and on real vLLM alike, so both are read by the same code.
+Used on the simulator and on real vLLM alike, so both are read by the same code. It keeps every
+field of the wire format (the router's decoder, hiveroute.kvindex.events, drops the ones it does
+not use), so tests can compare the simulator's messages with vLLM's field by field.
 """
 
 from __future__ import annotations
@@ -14,25 +16,14 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-_LEGACY_FIELDS = {
-    "BlockStored": (
-        "block_hashes",
-        "parent_block_hash",
-        "token_ids",
-        "block_size",
-        "lora_id",
-        "medium",
-    ),
-    "BlockRemoved": ("block_hashes", "medium"),
-    "AllBlocksCleared": (),
-}
+from hiveroute.kvindex.events import ARRAY_FIELDS
 
 
 def decode_event(raw: Any) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
     kind, *values = raw
-    return {"type": kind, **dict(zip(_LEGACY_FIELDS[kind], values, strict=False))}
+    return {"type": kind, **dict(zip(ARRAY_FIELDS[kind], values, strict=False))}
 
 
 def decode_payload(payload: bytes) -> tuple[float, list[dict[str, Any]]]:
