@@ -1,10 +1,14 @@
-"""A fake unit context: records what a workload sends, answers with fixed text, never sleeps."""
+"""Fakes for the harness: a unit context that records what a workload sends and never sleeps,
+and an engine with known timings."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 from hiveroute.bench.workloads.base import BenchRequest, Reply, Unit
+from tests.support.fake_engine import FakeEngine
 
 
 class RecordingContext:
@@ -30,3 +34,27 @@ async def run_units(units: list[Unit]) -> list[RecordingContext]:
         await unit.run(ctx)
         contexts.append(ctx)
     return contexts
+
+
+def timed_engine(ttft_s: float = 0.05, itl_s: float = 0.01, cached_tokens: int = 7) -> FakeEngine:
+    """A fake engine that streams like vLLM with known delays, one chunk per max_tokens, and
+    reports a prompt token per word and a fixed cached count, for measuring the driver."""
+    engine = FakeEngine("timed")
+    b = engine.behaviour
+    b.models, b.stream_chunks, b.chat_chunks = ["fake-model"], None, True
+    b.ttft_s, b.itl_s = ttft_s, itl_s
+
+    def usage(body: dict[str, Any]) -> dict[str, Any]:
+        chat = "messages" in body
+        prompt = json.dumps(body.get("messages")) if chat else str(body.get("prompt"))
+        prompt_tokens = len(prompt.split())
+        n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 4)
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": n,
+            "total_tokens": prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        }
+
+    b.usage_for = usage
+    return engine

@@ -7,7 +7,7 @@ import pytest
 
 from hiveroute.bench.driver import CellRun, DriverOptions
 from hiveroute.bench.workloads.base import BenchRequest, Unit, UnitContext, must
-from tests.bench.fake_engine import FakeEngine
+from tests.support.fake_engine import FakeEngine
 
 
 def unit(unit_id: str, arrival: float, requests: list[BenchRequest], gap: float = 0.0) -> Unit:
@@ -42,7 +42,7 @@ async def drive(engine: FakeEngine, units: list[Unit], **options: object) -> Cel
 
 
 async def test_ttft_itl_e2e_and_usage_match_the_servers_timings(fake_engine: FakeEngine) -> None:
-    fake_engine.ttft_s, fake_engine.itl_s = 0.2, 0.03
+    fake_engine.behaviour.ttft_s, fake_engine.behaviour.itl_s = 0.2, 0.03
     run = await drive(
         fake_engine, [unit("u", 0, [chat(6, workflow_id="wf", agent_role="planner")])]
     )
@@ -57,7 +57,7 @@ async def test_ttft_itl_e2e_and_usage_match_the_servers_timings(fake_engine: Fak
     assert record.tpot_s == pytest.approx(sum(record.itl_s) / 5)
     assert record.completion_tokens == 6 and record.cached_tokens == 7
     assert record.prompt_tokens and record.prompt_tokens > 0
-    body, headers = fake_engine.seen[0], fake_engine.seen_headers[0]
+    body, headers = fake_engine.received[0], fake_engine.received_headers[0]
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["max_tokens"] == 6 and body["model"] == "fake-model"
     assert headers["X-Workflow-Id"] == "wf" and headers["X-Agent-Role"] == "planner"
@@ -68,13 +68,13 @@ async def test_completions_are_measured_too(fake_engine: FakeEngine) -> None:
     run = await drive(fake_engine, [unit("u", 0, [BenchRequest(max_tokens=3, prompt="x y")])])
     (record,) = run.records
     assert record.ok and record.endpoint == "completion" and record.completion_tokens == 3
-    assert fake_engine.seen[0]["prompt"] == "x y"
+    assert fake_engine.received[0]["prompt"] == "x y"
 
 
 async def test_handoff_runs_from_the_parents_last_token_to_the_childs_first(
     fake_engine: FakeEngine,
 ) -> None:
-    fake_engine.ttft_s, fake_engine.itl_s = 0.1, 0.0
+    fake_engine.behaviour.ttft_s, fake_engine.behaviour.itl_s = 0.1, 0.0
     run = await drive(fake_engine, [unit("u", 0, [chat(2), chat(2)], gap=0.2)])
     first, second = run.records
     assert second.parents == [first.request_id]
@@ -84,7 +84,7 @@ async def test_handoff_runs_from_the_parents_last_token_to_the_childs_first(
 
 
 async def test_open_loop_never_waits_for_the_target(fake_engine: FakeEngine) -> None:
-    fake_engine.ttft_s = 1.0
+    fake_engine.behaviour.ttft_s = 1.0
     run = await drive(fake_engine, [unit(f"u{i}", 0.01 * i, [chat(1)]) for i in range(6)])
     assert len(run.records) == 6
     first_answer = min(r.t_send_s + (r.ttft_s or 0) for r in run.records)
@@ -92,30 +92,17 @@ async def test_open_loop_never_waits_for_the_target(fake_engine: FakeEngine) -> 
 
 
 async def test_closed_loop_keeps_the_concurrency(fake_engine: FakeEngine) -> None:
-    fake_engine.ttft_s = 0.05
-    live = {"now": 0, "max": 0}
-    original = fake_engine.handle
-
-    async def counting(request):  # type: ignore[no-untyped-def]
-        live["now"] += 1
-        live["max"] = max(live["max"], live["now"])
-        try:
-            return await original(request)
-        finally:
-            live["now"] -= 1
-
-    fake_engine.handle = counting  # type: ignore[method-assign]
-    await fake_engine.stop()
-    await fake_engine.start()
+    fake_engine.behaviour.ttft_s = 0.05
     run = await drive(
         fake_engine, [unit(f"u{i}", 0, [chat(1)]) for i in range(6)], mode="closed", concurrency=2
     )
     assert len(run.records) == 6 and all(r.ok for r in run.records)
-    assert live["max"] == 2
+    assert fake_engine.most_in_flight == 2
 
 
 async def test_errors_are_recorded_and_stop_the_unit(fake_engine: FakeEngine) -> None:
-    fake_engine.fail_with = 503
+    fake_engine.behaviour.status = 503
+    fake_engine.behaviour.error_body = {"error": {"message": "engine says no", "type": "x"}}
     run = await drive(fake_engine, [unit("u", 0, [chat(), chat()])])
     (record,) = run.records  # the second step never ran
     assert record.error == "HTTP 503: engine says no" and record.status == 503
@@ -132,7 +119,7 @@ async def test_unreachable_target_is_an_error_not_a_crash() -> None:
 
 
 async def test_request_budget_bounds_the_count(fake_engine: FakeEngine) -> None:
-    fake_engine.ttft_s = 0.0
+    fake_engine.behaviour.ttft_s = 0.0
     run = await drive(
         fake_engine, [unit(f"u{i}", 0, [chat(1), chat(1)]) for i in range(4)], max_requests=3
     )
@@ -141,7 +128,7 @@ async def test_request_budget_bounds_the_count(fake_engine: FakeEngine) -> None:
 
 
 async def test_deadline_bounds_the_time(fake_engine: FakeEngine) -> None:
-    fake_engine.ttft_s = 0.0
+    fake_engine.behaviour.ttft_s = 0.0
     units = [unit("early", 0, [chat(1), chat(1)], gap=5.0), unit("late", 3.0, [chat(1)])]
     run = await drive(fake_engine, units, duration_s=0.3, grace_s=0.5)
     assert [r.unit_id for r in run.records] == ["early"]  # late never arrived, early cut
@@ -151,7 +138,7 @@ async def test_deadline_bounds_the_time(fake_engine: FakeEngine) -> None:
 async def test_requests_still_running_at_the_end_are_cancelled_as_cut(
     fake_engine: FakeEngine,
 ) -> None:
-    fake_engine.ttft_s = 10.0
+    fake_engine.behaviour.ttft_s = 10.0
     run = await drive(fake_engine, [unit("u", 0, [chat(1)])], duration_s=0.1, grace_s=0.2)
     (record,) = run.records
     assert record.cut and record.error and not run.errors

@@ -9,7 +9,8 @@ from hiveroute.bench.command import options_from_args
 from hiveroute.bench.engines import EngineOptions, Fleet
 from hiveroute.bench.harness import run_benchmark
 from hiveroute.cli import build_parser
-from tests.bench.fake_engine import FakeEngine
+from tests.bench.helpers import timed_engine
+from tests.support.fake_engine import FakeEngine
 
 
 async def test_a_run_writes_records_summary_table_and_plots(tmp_path: Path) -> None:
@@ -31,7 +32,9 @@ async def test_a_run_writes_records_summary_table_and_plots(tmp_path: Path) -> N
     engines: list[FakeEngine] = []
 
     async def fake_fleet(options: EngineOptions, log: Path) -> Fleet:
-        started = [await FakeEngine(ttft_s=0.01, itl_s=0.001).start() for _ in range(options.count)]
+        started = [
+            await timed_engine(ttft_s=0.01, itl_s=0.001).start() for _ in range(options.count)
+        ]
         engines.extend(started)
         urls = [e.url for e in started]
         return Fleet(specs=urls, urls=urls, kind="fake")

@@ -9,7 +9,7 @@ import pytest
 
 from hiveroute.bench.engines import Fleet
 from hiveroute.bench.targets import TargetSpec, start_target
-from tests.bench.fake_engine import FakeEngine
+from tests.support.fake_engine import FakeEngine
 
 
 async def test_hiveroute_subprocess_target_relays_and_stops(
@@ -25,7 +25,7 @@ async def test_hiveroute_subprocess_target_relays_and_stops(
         ):
             assert response.status == 200
             assert b"[DONE]" in await response.read()
-        assert fake_engine.seen and fake_engine.seen[0]["prompt"] == "hi"
+        assert fake_engine.received and fake_engine.received[0]["prompt"] == "hi"
     finally:
         await target.stop()
     assert target._child is not None and target._child.proc.returncode is not None

@@ -1,7 +1,9 @@
-"""A programmable stand-in for an engine, for tests that must see exact bytes and disconnects.
+"""A programmable stand-in for an engine, for tests that must see exact bytes, timings and
+disconnects.
 
 The simulator (hiveroute.sim) is the realistic engine; this one records what it received and
-lets a test hold a stream at a given chunk, fail, or stall, deterministically.
+lets a test hold a stream at a given chunk, fail, stall, or answer with known delays,
+deterministically.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ class FakeEngineBehaviour:
     status: int = 200
     error_body: dict[str, Any] | None = None
     stall_before_response_s: float = 0.0
-    stream_chunks: int = 3
+    stream_chunks: int | None = 3  # None: as many as the request's max_tokens (default 4)
+    ttft_s: float = 0.0  # delay before the first content chunk
+    itl_s: float = 0.0  # delay between content chunks
+    chat_chunks: bool = False  # chat streams as vLLM's: a role chunk first, then deltas
     hold_after_chunk: int | None = None  # stream pauses after this chunk until `release` is set
     die_after_chunk: int | None = None  # stream connection is cut after this chunk
     healthy: bool = True
@@ -42,6 +47,8 @@ class FakeEngine:
         self.release = asyncio.Event()
         self.stream_closed_by_client = asyncio.Event()
         self.chunks_sent = 0
+        self.in_flight = 0
+        self.most_in_flight = 0
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -49,7 +56,7 @@ class FakeEngine:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def start(self, port: int = 0) -> None:
+    async def start(self, port: int = 0) -> FakeEngine:
         app = web.Application()
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_post("/v1/chat/completions", self._completion)
@@ -61,6 +68,7 @@ class FakeEngine:
         site = web.TCPSite(self._runner, "127.0.0.1", port or self.port)
         await site.start()
         self.port = self._runner.addresses[0][1]
+        return self
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -86,6 +94,14 @@ class FakeEngine:
         return web.Response(text=text)
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         self.received_raw.append(raw)
         self.received.append(json.loads(raw))
@@ -98,37 +114,51 @@ class FakeEngine:
                 b.error_body or {"error": {"message": "nope"}}, status=b.status
             )
         body = self.received[-1]
+        chunks = b.stream_chunks
+        if chunks is None:
+            chunks = int(body.get("max_tokens") or body.get("max_completion_tokens") or 4)
         usage = {
             "prompt_tokens": 10,
-            "completion_tokens": b.stream_chunks,
-            "total_tokens": 10 + b.stream_chunks,
+            "completion_tokens": chunks,
+            "total_tokens": 10 + chunks,
             "prompt_tokens_details": {"cached_tokens": 4},
         }
         if b.usage_for is not None:
             usage = b.usage_for(body)
+        chat = b.chat_chunks and request.path.endswith("/chat/completions")
         if not body.get("stream"):
+            if b.ttft_s or b.itl_s:
+                await asyncio.sleep(b.ttft_s + max(0, chunks - 1) * b.itl_s)
             return web.json_response(
                 {
                     "id": "cmpl-1",
                     "object": "text_completion",
                     "model": body.get("model"),
-                    "choices": [
-                        {"index": 0, "text": "x" * b.stream_chunks, "finish_reason": "length"}
-                    ],
+                    "choices": [{"index": 0, "text": "x" * chunks, "finish_reason": "length"}],
                     "usage": usage,
                 }
             )
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         try:
-            for i in range(b.stream_chunks):
+            if chat:
+                role = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+                await response.write(_event({"id": "cmpl-1", "choices": [role]}))
+            if b.ttft_s:
+                await asyncio.sleep(b.ttft_s)
+            for i in range(chunks):
+                if i and b.itl_s:
+                    await asyncio.sleep(b.itl_s)
+                choice: dict[str, Any] = {"index": 0, "text": f"t{i} ", "finish_reason": None}
+                if chat:
+                    choice = {"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}
                 chunk = {
                     "id": "cmpl-1",
-                    "object": "text_completion",
+                    "object": "chat.completion.chunk" if chat else "text_completion",
                     "model": body.get("model"),
-                    "choices": [{"index": 0, "text": f"t{i} ", "finish_reason": None}],
+                    "choices": [choice],
                 }
-                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                await response.write(_event(chunk))
                 self.chunks_sent += 1
                 if b.hold_after_chunk == i:
                     await self.release.wait()
@@ -137,8 +167,12 @@ class FakeEngine:
                     request.transport.close()
                     return response
             final = {"id": "cmpl-1", "object": "text_completion", "choices": [], "usage": usage}
-            await response.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
+            await response.write(_event(final) + b"data: [DONE]\n\n")
         except (asyncio.CancelledError, ConnectionResetError):
             self.stream_closed_by_client.set()
             raise
         return response
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(obj)}\n\n".encode()
