@@ -139,6 +139,7 @@ class WorkflowPlacementScorer(Scorer):
         home_margin: float = 8.0,
         chars_per_token: float = 4.0,
         home_tolerance: float = HOME_TOLERANCE,
+        drain_backlog: bool = True,
     ) -> None:
         if load_factor < 1.0:
             raise ValueError("load_factor must be at least 1.0")
@@ -161,6 +162,8 @@ class WorkflowPlacementScorer(Scorer):
         self.chars_per_token = chars_per_token  # learned from usage as requests complete
         # how far past the least-homed engine a new home may be (in average workflows)
         self.home_tolerance = home_tolerance
+        # count an engine's backlog as drained at its learned prefill rate (as `kv` does)
+        self.drain_backlog = drain_backlog
         self._matcher: PrefixMatcher | None = None
 
     @property
@@ -261,7 +264,7 @@ class WorkflowPlacementScorer(Scorer):
         cached: dict[str, int] = {}
         for e in candidates:
             cached[e.name] = self._cached(request, state, view, e, n)
-            queue, to_prefill = backlog.features(e, max(0, n - cached[e.name]))
+            queue, to_prefill = backlog.features(e, max(0, n - cached[e.name]), self._drain_rate(e))
             predicted[e.name] = self.predictor.predict(
                 e.name, queue_depth=queue, uncached_tokens=to_prefill
             )
@@ -314,7 +317,7 @@ class WorkflowPlacementScorer(Scorer):
         view: WorkflowView | None = state.get(VIEW_KEY)
         n = self.tokens(request, state)
         uncached = max(0, n - self._cached(request, state, view, engine, n))
-        state[ROUTED_KEY] = (*self.backlog.features(engine, 0), uncached)
+        state[ROUTED_KEY] = (*self.backlog.features(engine, 0, self._drain_rate(engine)), uncached)
         self.backlog.add(engine.name, uncached, state)
         self.footprint.add(engine.name, uncached)
         self.matcher.speculate(request, engine, state, None)  # siblings see it before events
@@ -327,6 +330,9 @@ class WorkflowPlacementScorer(Scorer):
         if view is not None and service is not None and engine.name not in view.engines:
             view.secondaries.append(engine.name)  # visible to the next sibling at once
             service.spawn(service.registry.add_secondary(view, engine.name))
+
+    def _drain_rate(self, engine: Engine) -> float | None:
+        return self.predictor.prefill_cost(engine.name) if self.drain_backlog else None
 
     def on_first_token(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
         self.backlog.settle(state)

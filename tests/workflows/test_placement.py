@@ -8,6 +8,7 @@ from hiveroute.config import RouterConfig
 from hiveroute.engines.engine import Engine, EngineSpec
 from hiveroute.gateway.router import Router
 from hiveroute.metadata import RequestMetadata
+from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, RoutingRequest
 from hiveroute.routing.footprint import kv_footprint
 from hiveroute.workflows.model import WorkflowSettings
@@ -252,3 +253,39 @@ async def test_a_request_without_workflow_starting_a_new_context_balances_kv_wri
     quiet.load.in_flight = 500  # far slower: least predicted TTFT again
     engine, _ = await route(router, request(None, "chat2", "r2"))
     assert engine == crowded.name
+
+
+@pytest.mark.parametrize("drain", [True, False])
+async def test_a_backlog_counts_as_drained_at_the_engines_prefill_rate(drain: bool) -> None:
+    """An engine sent an 80k-token prompt a minute ago has prefilled it by now (at any sane
+    prefill rate), though its first token is not back yet: it is predicted as free as an idle
+    one. Without draining, it still counts every token sent."""
+    router, _ = make_router(n=2, drain_backlog=drain)
+    now = [1000.0]
+    router.services["prefill_backlog"] = PrefillBacklog(clock=lambda: now[0])
+    a, b = router.pool.engines
+    huge = RoutingRequest(
+        request_id="huge",
+        path="/v1/completions",
+        body={"model": "m", "prompt": "many fresh words " * 20000},
+        metadata=RequestMetadata(),
+    )
+    sent = CycleState()
+    await router.policy.prepare(huge, sent)
+    router.policy.on_routed(huge, a, sent)
+
+    async def predicted() -> dict[str, float]:
+        state = CycleState()
+        probe = request(None, "x", "probe")
+        await router.policy.prepare(probe, state)
+        router.policy.choose(probe, router.pool.candidates(None), state)
+        return dict(state["predicted_ttft"])
+
+    before = await predicted()
+    assert before[a.name] > 2 * before[b.name]  # 80k tokens to prefill first
+    now[0] += 60.0
+    after = await predicted()
+    if drain:
+        assert after[a.name] == pytest.approx(after[b.name])
+    else:
+        assert after[a.name] == pytest.approx(before[a.name])
