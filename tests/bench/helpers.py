@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from hiveroute.bench.workloads.base import BenchRequest, Reply, Unit
-from tests.support.fake_engine import FakeEngine
+from tests.support.fake_engine import FakeEngine, requested_tokens
 
 
 class RecordingContext:
@@ -48,7 +48,7 @@ def timed_engine(ttft_s: float = 0.05, itl_s: float = 0.01, cached_tokens: int =
         chat = "messages" in body
         prompt = json.dumps(body.get("messages")) if chat else str(body.get("prompt"))
         prompt_tokens = len(prompt.split())
-        n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 4)
+        n = requested_tokens(body)
         return {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": n,

@@ -116,7 +116,7 @@ class FakeEngine:
         body = self.received[-1]
         chunks = b.stream_chunks
         if chunks is None:
-            chunks = int(body.get("max_tokens") or body.get("max_completion_tokens") or 4)
+            chunks = requested_tokens(body)
         usage = {
             "prompt_tokens": 10,
             "completion_tokens": chunks,
@@ -172,6 +172,11 @@ class FakeEngine:
             self.stream_closed_by_client.set()
             raise
         return response
+
+
+def requested_tokens(body: dict[str, Any]) -> int:
+    """The completion length a request asks for (4 when it does not say)."""
+    return int(body.get("max_tokens") or body.get("max_completion_tokens") or 4)
 
 
 def _event(obj: dict[str, Any]) -> bytes:

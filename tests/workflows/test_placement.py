@@ -52,6 +52,20 @@ async def route(router: Router, req: RoutingRequest) -> tuple[str, str]:
     return decision.engine.name, decision.reason
 
 
+async def send_huge_prompt(router: Router, engine: Engine) -> tuple[RoutingRequest, CycleState]:
+    """Route an ~80k-token prompt no engine holds to `engine` (its first token not yet back)."""
+    huge = RoutingRequest(
+        request_id="huge",
+        path="/v1/completions",
+        body={"model": "m", "prompt": "many fresh words " * 20000},
+        metadata=RequestMetadata(),
+    )
+    state = CycleState()
+    await router.policy.prepare(huge, state)
+    router.policy.on_routed(huge, engine, state)
+    return huge, state
+
+
 async def test_new_home_prefers_free_kv_and_low_load() -> None:
     router, _ = make_router()
     e0, e1, e2, e3 = router.pool.engines
@@ -136,15 +150,7 @@ async def test_a_pending_prefill_counts_until_its_first_token() -> None:
     router, _ = make_router(n=2)
     a, b = router.pool.engines
     b.load.in_flight = 1  # decoding: cheap to join
-    huge = RoutingRequest(
-        request_id="huge",
-        path="/v1/completions",
-        body={"model": "m", "prompt": "many fresh words " * 20000},
-        metadata=RequestMetadata(),
-    )
-    state = CycleState()
-    await router.policy.prepare(huge, state)
-    router.policy.on_routed(huge, a, state)  # a now has ~80k tokens to prefill first
+    huge, state = await send_huge_prompt(router, a)  # a now has ~80k tokens to prefill first
     a.load.in_flight += 1
     assert await route(router, request(None, "x", "r1")) == (b.name, "workflow_none")
     router.policy.on_first_token(huge, a, state)  # prefilled: a only decodes it now
@@ -264,15 +270,7 @@ async def test_a_backlog_counts_as_drained_at_the_engines_prefill_rate(drain: bo
     now = [1000.0]
     router.services["prefill_backlog"] = PrefillBacklog(clock=lambda: now[0])
     a, b = router.pool.engines
-    huge = RoutingRequest(
-        request_id="huge",
-        path="/v1/completions",
-        body={"model": "m", "prompt": "many fresh words " * 20000},
-        metadata=RequestMetadata(),
-    )
-    sent = CycleState()
-    await router.policy.prepare(huge, sent)
-    router.policy.on_routed(huge, a, sent)
+    await send_huge_prompt(router, a)
 
     async def predicted() -> dict[str, float]:
         state = CycleState()
