@@ -47,7 +47,8 @@ def _harness_argv(
     argv += ["--block-size", str(args.block_size), "--sim-option", f"num_blocks={blocks}"]
     argv += ["--slices", str(args.slices), "--seed", str(args.seed)]
     argv += ["--trace", str(args.trace)]
-    argv += ["--trace-limit", str(args.trace_limit), "--trace-speed", str(args.trace_speed)]
+    argv += ["--trace-limit", str(args.trace_limit), "--trace-skip", str(args.trace_skip)]
+    argv += ["--trace-speed", str(args.trace_speed)]
     argv += ["--token-scale", str(args.token_scale), "--max-output-tokens", str(args.max_output)]
     argv += ["--users", str(args.users), "--turns", str(args.turns)]
     argv += ["--session-rate", str(args.session_rate), "--history-tokens", str(args.history_tokens)]
@@ -81,6 +82,9 @@ def main() -> None:
     parser.add_argument("--workload", action="append", choices=("trace", "multiturn"))
     parser.add_argument("--trace", type=Path, default=TRACE, help="Mooncake trace (JSONL)")
     parser.add_argument("--trace-limit", type=int, default=1500)
+    parser.add_argument(
+        "--trace-skip", type=int, default=0, help="replay the trace from this row (a later slice)"
+    )
     parser.add_argument("--trace-speed", type=float, default=10.0)
     parser.add_argument("--token-scale", type=float, default=0.1)
     parser.add_argument("--max-output", type=int, default=32)

@@ -81,6 +81,25 @@ def test_read_trace_limits_and_rejects_bad_lines(tmp_path: Path) -> None:
         read_trace(path, 0)
 
 
+def test_a_later_slice_starts_after_the_skipped_rows_and_keeps_their_numbers(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "t.jsonl"
+    lines = [
+        f'{{"timestamp": {1000 * i}, "input_length": 600, "output_length": 3, "hash_ids": [{i}]}}'
+        for i in range(5)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    rows = read_trace(path, 2, skip=3)
+    assert [r.hash_ids for r in rows] == [(3,), (4,)]
+    w = TraceWorkload(TraceConfig(path=path, limit=2, skip=3))
+    units = list(w.units())
+    assert [u.unit_id for u in units] == ["trace-3", "trace-4"]
+    assert [u.arrival_s for u in units] == [0.0, 1.0]  # timed from the slice's first row
+    with pytest.raises(ConfigError, match="no requests after the first 5"):
+        read_trace(path, 0, skip=5)
+
+
 def test_the_mooncake_trace_replays_with_shared_prefixes() -> None:
     from hiveroute.bench.workloads.trace import default_trace_path
 

@@ -45,6 +45,7 @@ class TraceRow:
 class TraceConfig:
     path: Path
     limit: int = 200
+    skip: int = 0  # rows skipped before the replay starts (a later slice of the trace)
     speed: float = 1.0  # 2.0 replays twice as fast
     token_scale: float = 1.0  # shrink prompts and outputs, keeping the block structure
     max_output_tokens: int = 0  # 0 = as in the trace
@@ -71,8 +72,10 @@ def default_trace_path() -> Path:
     return Path("..") / DEFAULT_TRACE
 
 
-def read_trace(path: Path, limit: int) -> list[TraceRow]:
-    """The first `limit` rows (0 = all) of a Mooncake trace; a bad line is a ConfigError."""
+def read_trace(path: Path, limit: int, skip: int = 0) -> list[TraceRow]:
+    """`limit` rows (0 = all) of a Mooncake trace after the first `skip`; a bad line is a
+    ConfigError. A later slice replays requests whose earlier turns are not replayed: their
+    shared blocks are misses for every target alike."""
     rows: list[TraceRow] = []
     try:
         handle = path.open()
@@ -81,8 +84,12 @@ def read_trace(path: Path, limit: int) -> list[TraceRow]:
             f"cannot read trace {path}: {exc.strerror}; give one with --trace FILE"
         ) from None
     with handle:
+        seen = 0
         for number, line in enumerate(handle, 1):
             if not line.strip():
+                continue
+            seen += 1
+            if seen <= skip:
                 continue
             try:
                 obj = json.loads(line)
@@ -103,7 +110,8 @@ def read_trace(path: Path, limit: int) -> list[TraceRow]:
             if limit and len(rows) >= limit:
                 break
     if not rows:
-        raise ConfigError(f"trace {path} has no requests")
+        after = f" after the first {skip}" if skip else ""
+        raise ConfigError(f"trace {path} has no requests{after}")
     return rows
 
 
@@ -112,7 +120,7 @@ class TraceWorkload:
 
     def __init__(self, config: TraceConfig, rows: list[TraceRow] | None = None) -> None:
         self.config = config
-        self.rows = rows if rows is not None else read_trace(config.path, config.limit)
+        self.rows = rows if rows is not None else read_trace(config.path, config.limit, config.skip)
 
     def describe(self) -> dict[str, Any]:
         c = self.config
@@ -121,6 +129,7 @@ class TraceWorkload:
             "path": str(c.path),
             "requests": len(self.rows),
             "limit": c.limit,
+            "skip": c.skip,
             "speed": c.speed,
             "token_scale": c.token_scale,
             "block_tokens": c.block_tokens,
@@ -158,7 +167,7 @@ class TraceWorkload:
                 await must(ctx, request)
 
             yield Unit(
-                unit_id=f"trace-{index}",
+                unit_id=f"trace-{self.config.skip + index}",  # the row's number in the file
                 kind="request",
                 arrival_s=max(0.0, row.timestamp_ms - start) / 1000.0 / self.config.speed,
                 program=run,
@@ -179,6 +188,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trace-limit", type=non_negative_int, default=200, help="requests to replay (0 = all)"
     )
     g.add_argument(
+        "--trace-skip",
+        type=non_negative_int,
+        default=0,
+        help="rows to skip before replaying (replay a later slice of the trace)",
+    )
+    g.add_argument(
         "--trace-speed", type=positive_float, default=1.0, help="replay speed (2 = twice as fast)"
     )
     g.add_argument(
@@ -197,6 +212,7 @@ def from_args(args: argparse.Namespace, seed: int, namespace: str) -> TraceWorkl
         TraceConfig(
             path=args.trace or default_trace_path(),
             limit=args.trace_limit,
+            skip=args.trace_skip,
             speed=args.trace_speed,
             token_scale=args.token_scale,
             max_output_tokens=args.max_output_tokens or 0,
