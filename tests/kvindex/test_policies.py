@@ -273,6 +273,9 @@ def test_balancing_writes_never_gives_up_a_match_the_ranking_would_use() -> None
     # a is cheapest because it holds 400 of the 1000 tokens: b and c, holding none, are not
     # offered however little was written there
     assert pick({a: 400, b: 0, c: 0}, 0.1) == a
+    # a follow-up sharing a short prefix with a conversation on a: 5 % of the prompt is worth
+    # keeping, however little was written on b lately
+    assert pick({a: 450, b: 400, c: 400}, 0.1) == a
     # a shared prefix everyone holds: the least written within the slack wins
     assert pick({a: 400, b: 400, c: 350}, 0.1) == b
     assert pick({a: 400, b: 400, c: 400}, 0.005) == a
