@@ -11,7 +11,9 @@ token recomputed) and a few placement rules:
   written lately (10 s half-life) among engines within `--same-share` of the prompt of the best
   match;
 - `kv rule, uneven`: the same, but the engines take new contexts in unequal shares
-  (`--uneven`), as a router that places them by the load of the moment ends up doing.
+  (`--uneven`), as a router that places them by the load of the moment ends up doing;
+- `kv rule, jittered`: the same rule with each engine's recent writes blurred by up to
+  `--jitter` (`--seeds` runs, lowest to highest): how far chance alone moves one slice's hit rate.
 
 The gap between `one cache` and `unbounded` is what capacity costs; the gap between `kv rule`
 and `one cache` is all that placement could still win. Run it on several slices of the trace:
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 import sys
 from array import array
 from collections.abc import Callable, Sequence
@@ -71,14 +74,21 @@ class Engine:
 Rule = Callable[[list[Engine], CacheRequest, float], Engine]
 
 
-def kv_rule(same_share: float) -> Rule:
+def kv_rule(same_share: float, jitter: float = 0.0, seed: int = 0) -> Rule:
+    """The kv placement; `jitter` blurs each engine's recent writes by up to that share, as
+    the timing of a live run does (a reply a few ms later changes what "lately" holds)."""
+    rng = random.Random(seed)
+
     def place(engines: list[Engine], request: CacheRequest, now: float) -> Engine:
         n = len(request.token_ids)
         cached = [e.cached(request) for e in engines]
         best = max(cached)
         floor = best if best >= NEW_CONTEXT_SHARE * n else best - same_share * n
         eligible = [e for e, c in zip(engines, cached, strict=True) if c >= floor]
-        return min(eligible, key=lambda e: e.recent_writes(now) / e.weight)
+        return min(
+            eligible,
+            key=lambda e: e.recent_writes(now) / e.weight * (1 + jitter * rng.uniform(-1, 1)),
+        )
 
     return place
 
@@ -141,6 +151,8 @@ def main() -> None:
     parser.add_argument(
         "--uneven", default="0.8,0.93,1.07,1.2", help="new-context shares for the uneven rule"
     )
+    parser.add_argument("--jitter", type=float, default=0.05)
+    parser.add_argument("--seeds", type=int, default=5, help="runs of the jittered rule")
     parser.add_argument("--no-write", dest="write", action="store_false", help="only print")
     args = parser.parse_args()
     uneven = [float(x) for x in args.uneven.split(",")]
@@ -156,13 +168,15 @@ def main() -> None:
         "kv rule": lambda: (fleet(n, blocks, bs), kv),
         "kv rule, uneven": lambda: (fleet(n, blocks, bs, uneven), kv),
     }
-    rates: dict[str, list[float]] = {name: [] for name in targets}
+    jittered = "kv rule, jittered"
+    rates: dict[str, list[float]] = {name: [] for name in [*targets, jittered]}
     lines = [
         f"{n} engines x {blocks} blocks of {bs} tokens; {args.requests} requests per slice, "
-        f"token scale {args.token_scale}, speed {args.trace_speed}x, same-share {args.same_share}",
+        f"token scale {args.token_scale}, speed {args.trace_speed}x, same-share {args.same_share}, "
+        f"jitter {args.jitter} ({args.seeds} seeds)",
         "",
-        "| slice (rows) | " + " | ".join(targets) + " | kv rule writes per engine (k tokens) |",
-        "| --- | " + " | ".join("---:" for _ in targets) + " | --- |",
+        "| slice (rows) | " + " | ".join(rates) + " | kv rule writes per engine (k tokens) |",
+        "| --- | " + " | ".join("---:" for _ in rates) + " | --- |",
     ]
     for k in range(args.slices):
         config = TraceConfig(
@@ -183,6 +197,18 @@ def main() -> None:
             cells.append(f"{100 * outcome.hit_rate:.2f} %")
             if name == "kv rule":
                 writes = " / ".join(str(w // 1000) for w in outcome.written)
+        seeded = [
+            replay(
+                workload,
+                prompts,
+                fleet(n, blocks, bs),
+                kv_rule(args.same_share, args.jitter, seed),
+                bs,
+            ).hit_rate
+            for seed in range(args.seeds)
+        ]
+        rates[jittered].append(mean(seeded))
+        cells.append(f"{100 * min(seeded):.2f}-{100 * max(seeded):.2f} %")
         first = k * args.requests
         lines.append(
             f"| {first}-{first + len(workload.rows) - 1} | {' | '.join(cells)} | {writes} |"
