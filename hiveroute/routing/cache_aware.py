@@ -56,11 +56,11 @@ from hiveroute.routing.footprint import (
     new_context_engine,
 )
 from hiveroute.routing.policy import REASON_KEY
-from hiveroute.routing.ttft import RecentTtfts, TtftPredictor
+from hiveroute.routing.ttft import RecentTtfts, RoutedFeatures, TtftPredictor, learn_ttft
 
 GUARD_EXCLUDED_KEY = "load_guard_excluded"  # list[Engine] the guard removed this cycle
 TTFT_KEY = "predicted_ttft"  # dict[engine name, seconds]
-ROUTED_KEY = "kv_routed"  # what the chosen engine was predicted with, for learning
+ROUTED_KEY = "kv_routed"  # RoutedFeatures of the chosen engine, for learning
 
 
 class LoadGuardFilter(Filter):
@@ -318,7 +318,9 @@ class KvTtftScorer(_CacheScorer):
         n_tokens = len(tokens) if tokens else 0
         uncached = max(0, n_tokens - m.tokens)
         queue, to_prefill = self.backlog.features(engine, 0, self._drain_rate(engine))
-        state[ROUTED_KEY] = (queue, to_prefill, uncached, min(m.lower_tokens, n_tokens))
+        state[ROUTED_KEY] = RoutedFeatures(
+            queue, to_prefill, uncached, min(m.lower_tokens, n_tokens)
+        )
         self.backlog.add(engine.name, uncached, state)
         self.footprint.add(engine.name, uncached)
         if self.speculative:
@@ -334,22 +336,9 @@ class KvTtftScorer(_CacheScorer):
         self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
     ) -> None:
         self.backlog.settle(state)
-        routed = state.get(ROUTED_KEY)
-        if routed is None or not outcome.ok or outcome.ttft_s is None:
-            return
-        if not request.body.get("stream") and (outcome.completion_tokens or 0) > 1:
-            return  # a whole response's time is not a TTFT
-        self.recent.observe(outcome.ttft_s)
-        queue_depth, backlog, uncached, lower = routed
-        if outcome.prompt_tokens is not None and outcome.cached_tokens is not None:
-            uncached = max(0, outcome.prompt_tokens - outcome.cached_tokens)
-        self.predictor.observe(
-            outcome.engine.name,
-            queue_depth=queue_depth,
-            uncached_tokens=backlog + uncached,
-            lower_tier_tokens=lower,
-            ttft_s=outcome.ttft_s,
-        )
+        ttft = learn_ttft(self.predictor, request, outcome, state.get(ROUTED_KEY))
+        if ttft is not None:
+            self.recent.observe(ttft)
 
 
 def _holder_unless_tail(

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hiveroute.routing.base import shared_service
+from hiveroute.routing.base import RequestOutcome, RoutingRequest, shared_service
 
 # Defaults: a mid-size model on one GPU prefills ~10k tokens/s; each request ahead adds ~20 ms.
 DEFAULT_BASE_S = 0.01
@@ -131,6 +131,46 @@ class TtftPredictor:
         # costs are physical: never negative, and the prefill cost never collapses to zero
         model.theta = np.maximum(model.theta, [0.0, 0.0, 1e-9 * _TOKEN_SCALE])
         model.observations += 1
+
+
+@dataclass(frozen=True)
+class RoutedFeatures:
+    """What a request's TTFT was predicted from when it was routed, kept (in its CycleState)
+    to learn from the TTFT it then measures."""
+
+    queue_depth: float  # requests decoding on the engine
+    backlog_tokens: float  # prompt tokens routed there before it and not yet prefilled
+    uncached_tokens: int  # its own tokens to prefill, as the index saw them
+    lower_tier_tokens: int = 0
+
+
+def learn_ttft(
+    predictor: TtftPredictor,
+    request: RoutingRequest,
+    outcome: RequestOutcome,
+    routed: RoutedFeatures | None,
+) -> float | None:
+    """Folds the request's measured TTFT into its engine's model; returns that TTFT, or None
+    when there is nothing to learn from (not routed by the caller, failed, no first token, or
+    a non-streamed response longer than one token, whose time is the whole response's).
+
+    The engine's own usage (prompt less cached tokens) replaces the index's guess of the
+    uncached tokens: the index may be a few events behind."""
+    if routed is None or not outcome.ok or outcome.ttft_s is None:
+        return None
+    if not request.body.get("stream") and (outcome.completion_tokens or 0) > 1:
+        return None
+    uncached = routed.uncached_tokens
+    if outcome.prompt_tokens is not None and outcome.cached_tokens is not None:
+        uncached = max(0, outcome.prompt_tokens - outcome.cached_tokens)
+    predictor.observe(
+        outcome.engine.name,
+        queue_depth=routed.queue_depth,
+        uncached_tokens=routed.backlog_tokens + uncached,
+        lower_tier_tokens=routed.lower_tier_tokens,
+        ttft_s=outcome.ttft_s,
+    )
+    return outcome.ttft_s
 
 
 def shared_ttft_predictor(services: dict[str, Any]) -> TtftPredictor:

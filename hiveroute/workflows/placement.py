@@ -38,12 +38,17 @@ from hiveroute.routing.base import (
 from hiveroute.routing.cache_aware import PrefixMatcher
 from hiveroute.routing.footprint import KvFootprint, kv_footprint, new_context_engine
 from hiveroute.routing.policy import REASON_KEY
-from hiveroute.routing.ttft import TtftPredictor, shared_ttft_predictor
+from hiveroute.routing.ttft import (
+    RoutedFeatures,
+    TtftPredictor,
+    learn_ttft,
+    shared_ttft_predictor,
+)
 from hiveroute.workflows.registry import WorkflowView
 from hiveroute.workflows.scope import scoped
 
 VIEW_KEY = "workflow_view"
-ROUTED_KEY = "workflow_routed"  # (decoding queue, prefill backlog, uncached tokens) at routing
+ROUTED_KEY = "workflow_routed"  # RoutedFeatures of the chosen engine, for learning
 NEW_SPILL_KEY = "workflow_new_spill"
 MAX_AGENT_ENGINES = 1024
 HOME_TOLERANCE = 0.5  # workflows of average size an engine may be home to beyond the least
@@ -317,7 +322,8 @@ class WorkflowPlacementScorer(Scorer):
         view: WorkflowView | None = state.get(VIEW_KEY)
         n = self.tokens(request, state)
         uncached = max(0, n - self._cached(request, state, view, engine, n))
-        state[ROUTED_KEY] = (*self.backlog.features(engine, 0, self._drain_rate(engine)), uncached)
+        queue, backlog = self.backlog.features(engine, 0, self._drain_rate(engine))
+        state[ROUTED_KEY] = RoutedFeatures(queue, backlog, uncached)
         self.backlog.add(engine.name, uncached, state)
         self.footprint.add(engine.name, uncached)
         self.matcher.speculate(request, engine, state, None)  # siblings see it before events
@@ -341,23 +347,10 @@ class WorkflowPlacementScorer(Scorer):
         self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
     ) -> None:
         self.backlog.settle(state)
-        routed = state.get(ROUTED_KEY)
         if outcome.ok and outcome.prompt_tokens:
             chars = prompt_chars(request)
             if chars > 0:
                 self.chars_per_token = 0.9 * self.chars_per_token + 0.1 * (
                     chars / outcome.prompt_tokens
                 )
-        if routed is None or not outcome.ok or outcome.ttft_s is None:
-            return
-        if not request.body.get("stream") and (outcome.completion_tokens or 0) > 1:
-            return  # a whole response's time is not a TTFT
-        queue_depth, backlog, uncached = routed
-        if outcome.prompt_tokens is not None and outcome.cached_tokens is not None:
-            uncached = max(0, outcome.prompt_tokens - outcome.cached_tokens)
-        self.predictor.observe(
-            outcome.engine.name,
-            queue_depth=queue_depth,
-            uncached_tokens=backlog + uncached,
-            ttft_s=outcome.ttft_s,
-        )
+        learn_ttft(self.predictor, request, outcome, state.get(ROUTED_KEY))

@@ -18,7 +18,7 @@ from hiveroute.routing.cache_aware import KvTtftScorer
 from hiveroute.routing.footprint import KvFootprint, least_written
 from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, build_policy
-from hiveroute.routing.ttft import RecentTtfts, TtftPredictor
+from hiveroute.routing.ttft import RecentTtfts, RoutedFeatures, TtftPredictor, learn_ttft
 
 BS = 16
 PROMPT = " ".join(f"word{i}" for i in range(200))  # ~400 tokens with the built-in tokenizer
@@ -145,6 +145,24 @@ async def test_failed_or_whole_responses_do_not_teach_the_predictor() -> None:
     _, state2 = await route(policy, pool, whole)
     policy.on_completed(whole, RequestOutcome(engine, 200, 3.0, completion_tokens=50), state2)
     assert svc["ttft_predictor"].observations(engine.name) == 0
+
+
+def test_learning_counts_what_the_engine_prefilled_not_what_the_index_guessed() -> None:
+    engine = Engine(EngineSpec("http://127.0.0.1:8100"))
+    predictor = TtftPredictor()
+    req = request()
+    for i in range(40):
+        n = 500 + 100 * i  # the engine prefilled n tokens behind a backlog of 1000
+        routed = RoutedFeatures(queue_depth=0, backlog_tokens=1000, uncached_tokens=0)
+        outcome = RequestOutcome(
+            engine, 200, ttft_s=0.02 + (1000 + n) * 5e-4, prompt_tokens=n + 64, cached_tokens=64
+        )
+        assert learn_ttft(predictor, req, outcome, routed) == outcome.ttft_s
+    # had it learned from the index's guess (nothing uncached), the cost per token would be off
+    assert predictor.prefill_cost(engine.name) == pytest.approx(5e-4, rel=0.1)
+    not_routed = RequestOutcome(engine, 200, ttft_s=0.5, prompt_tokens=10, cached_tokens=0)
+    assert learn_ttft(predictor, req, not_routed, None) is None
+    assert predictor.observations(engine.name) == 40
 
 
 def test_predictor_lower_tier_costs_less_than_recompute_but_not_nothing() -> None:
