@@ -73,6 +73,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, slices: int) -> None:
         help="interleave targets in this many slices of each workload",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--router-log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="warning",
+        help="log level of hiveroute targets; info logs each request's engine, policy and "
+        "reason to the run's logs/target-*.log",
+    )
     d = DriverOptions()
     g = parser.add_argument_group("driver")
     g.add_argument(
@@ -176,6 +183,7 @@ def options_from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         name=args.name or ("compare" if args.bench_command == "compare" else "run"),
         command=argv,
         quiet=args.quiet,
+        router_log_level=args.router_log_level,
     )
 
 

@@ -47,6 +47,7 @@ class RunOptions:
     name: str = "bench"
     command: list[str] = field(default_factory=list)
     quiet: bool = False
+    router_log_level: str = "warning"  # of `hiveroute serve` targets; info logs each request
     # How engines are started (tests substitute their own); default: `start_fleet`.
     fleet_factory: Callable[[EngineOptions, Path], Awaitable[Fleet]] | None = None
 
@@ -131,7 +132,9 @@ async def run_benchmark(options: RunOptions) -> RunResult:
             factory = options.fleet_factory or start_fleet
             fleet = await factory(options.engines, logs / f"engines-{tag}.log")
             fleets.append(fleet)
-            running.append(await start_target(spec, fleet, logs))
+            running.append(
+                await start_target(spec, fleet, logs, log_level=options.router_log_level)
+            )
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(connector=connector) as http:
             # Ask the engines, not the target: SGLang's router answers /v1/models with its own

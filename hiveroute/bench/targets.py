@@ -92,9 +92,17 @@ class RunningTarget:
 
 
 async def start_target(
-    spec: TargetSpec, fleet: Fleet, log_dir: Path, timeout_s: float = 60.0
+    spec: TargetSpec,
+    fleet: Fleet,
+    log_dir: Path,
+    timeout_s: float = 60.0,
+    log_level: str = "warning",
 ) -> RunningTarget:
-    """Start `spec` in front of `fleet` and wait until it answers."""
+    """Start `spec` in front of `fleet` and wait until it answers.
+
+    `log_level` is a `hiveroute serve` target's: at `info` its log (in `log_dir`) has one JSON
+    line per request with the engine, policy and reason, which is how a benchmark's decisions
+    are read afterwards."""
     log = log_dir / f"target-{spec.label.replace(':', '-')}.log"
     if spec.kind == "engine":
         return RunningTarget(spec, fleet.urls[0])
@@ -115,7 +123,7 @@ async def start_target(
     port = free_port()
     if spec.kind == "hiveroute":
         argv = [sys.executable, "-m", "hiveroute", "serve", "--host", "127.0.0.1"]
-        argv += ["--port", str(port), "--policy", spec.policy or "", "--log-level", "warning"]
+        argv += ["--port", str(port), "--policy", spec.policy or "", "--log-level", log_level]
         for engine in fleet.specs:
             argv += ["--engine", engine]
         ready = "/health"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import aiohttp
@@ -29,6 +30,33 @@ async def test_hiveroute_subprocess_target_relays_and_stops(
     finally:
         await target.stop()
     assert target._child is not None and target._child.proc.returncode is not None
+
+
+@pytest.mark.parametrize("level", ["info", "warning"])
+async def test_router_log_level_decides_whether_each_request_is_logged(
+    fake_engine: FakeEngine, tmp_path: Path, level: str
+) -> None:
+    fleet = Fleet(specs=[fake_engine.url], urls=[fake_engine.url], kind="fake")
+    spec = TargetSpec.parse("hiveroute:round_robin")
+    target = await start_target(spec, fleet, tmp_path, log_level=level)
+    try:
+        body = {"model": "fake-model", "prompt": "hi", "max_tokens": 2}
+        headers = {"X-Request-Id": "logged-1"}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(target.url + "/v1/completions", json=body, headers=headers) as response,
+        ):
+            assert response.status == 200
+    finally:
+        await target.stop()
+    lines = (tmp_path / "target-hiveroute-round_robin.log").read_text().splitlines()
+    requests = [json.loads(line) for line in lines if '"logged-1"' in line]
+    if level == "warning":
+        assert requests == []
+    else:
+        assert len(requests) == 1
+        assert requests[0]["engine"] and requests[0]["policy"] == "round_robin"
+        assert requests[0]["reason"] == "round_robin"
 
 
 async def test_engine_target_is_the_first_engine_itself(tmp_path: Path) -> None:
