@@ -35,6 +35,9 @@ def _opt(help: str, default: Any = dataclasses.MISSING, **extra: Any) -> Any:
     return field(default=default, metadata=meta)
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # what --log-level accepts
+
+
 @dataclass
 class RouterConfig:
     host: str = _opt("address to listen on", "0.0.0.0")
@@ -189,7 +192,7 @@ class RouterConfig:
             raise ConfigError(f"port must be 0..65535, got {self.port}")
         if self.max_body_bytes <= 0:
             raise ConfigError("max_body_bytes must be positive")
-        if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
+        if self.log_level.lower() not in LOG_LEVELS:
             raise ConfigError(f"unknown log level {self.log_level!r}")
         if self.retries < 0:
             raise ConfigError("retries must be 0 or more")

@@ -17,6 +17,7 @@ from hiveroute.bench.workloads.base import (
     positive_float,
     positive_int,
 )
+from hiveroute.config import LOG_LEVELS
 from hiveroute.errors import ConfigError
 
 
@@ -75,7 +76,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, slices: int) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument(
         "--router-log-level",
-        choices=("debug", "info", "warning", "error"),
+        choices=LOG_LEVELS,
         default="warning",
         help="log level of hiveroute targets; info logs each request's engine, policy and "
         "reason to the run's logs/target-*.log",
