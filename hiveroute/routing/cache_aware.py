@@ -39,7 +39,6 @@ from hiveroute.kvindex.request_tokens import (
     request_token_ids,
 )
 from hiveroute.kvindex.tokenizer import Tokenizer
-from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import (
     CycleState,
     Filter,
@@ -52,15 +51,13 @@ from hiveroute.routing.footprint import (
     NEW_CONTEXT_SHARE,
     NEW_CONTEXT_SLACK,
     NEW_CONTEXT_SLACK_S,
-    KvFootprint,
     new_context_engine,
 )
 from hiveroute.routing.policy import REASON_KEY
-from hiveroute.routing.ttft import RecentTtfts, RoutedFeatures, TtftPredictor, learn_ttft
+from hiveroute.routing.ttft_ledger import TtftLedger
 
 GUARD_EXCLUDED_KEY = "load_guard_excluded"  # list[Engine] the guard removed this cycle
 TTFT_KEY = "predicted_ttft"  # dict[engine name, seconds]
-ROUTED_KEY = "kv_routed"  # RoutedFeatures of the chosen engine, for learning
 
 
 class LoadGuardFilter(Filter):
@@ -189,20 +186,16 @@ class KvTtftScorer(_CacheScorer):
         self,
         index: KvIndex,
         tokenizer: Tokenizer,
-        predictor: TtftPredictor,
+        ledger: TtftLedger | None = None,
         *,
         speculate: bool = True,
         tolerance: float = 0.1,
         tolerance_s: float = 0.005,
         cache_weight: float = 8.0,
-        backlog: PrefillBacklog | None = None,
-        footprint: KvFootprint | None = None,
         new_context_share: float = NEW_CONTEXT_SHARE,
         new_context_slack: float = NEW_CONTEXT_SLACK,
         new_context_slack_s: float = NEW_CONTEXT_SLACK_S,
         tail_quantile: float | None = 0.95,
-        recent: RecentTtfts | None = None,
-        drain_backlog: bool = True,
     ) -> None:
         if min(tolerance, tolerance_s, cache_weight, new_context_slack, new_context_slack_s) < 0:
             raise ValueError("tolerances, slacks and cache_weight must not be negative")
@@ -211,25 +204,20 @@ class KvTtftScorer(_CacheScorer):
         if tail_quantile is not None and not 0.0 < tail_quantile <= 1.0:
             raise ValueError("tail_quantile must be within (0, 1], or null to turn it off")
         super().__init__(PrefixMatcher(index, tokenizer))
-        self.predictor = predictor
+        self.ledger = TtftLedger() if ledger is None else ledger
         self.speculative = speculate
         self.tolerance = tolerance
         self.tolerance_s = tolerance_s
         self.cache_weight = cache_weight
-        self.backlog = backlog or PrefillBacklog()
-        # count an engine's backlog as drained at its learned prefill rate (backlog.py)
-        self.drain_backlog = drain_backlog
         # A prompt no engine holds `new_context_share` of starts a new context: it goes where
         # the fewest tokens were written lately, among engines whose predicted TTFT is within
         # `new_context_slack` x the best (+ `new_context_slack_s`) of the best.
-        self.footprint = footprint or KvFootprint()
         self.new_context_share = new_context_share
         self.new_context_slack = new_context_slack
         self.new_context_slack_s = new_context_slack_s
         # A request stays with the engine holding most of its prefix unless that engine's
         # predicted TTFT is in the tail: above the `tail_quantile` of recent TTFTs.
         self.tail_quantile = tail_quantile
-        self.recent = recent or RecentTtfts()
 
     def score(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
@@ -241,14 +229,8 @@ class KvTtftScorer(_CacheScorer):
         for engine in candidates:
             m = self.match(request, engine, state)
             cached[engine.name] = min(m.tokens, n_tokens)
-            queue, to_prefill = self.backlog.features(
-                engine, n_tokens - cached[engine.name], self._drain_rate(engine)
-            )
-            predicted[engine.name] = self.predictor.predict(
-                engine.name,
-                queue_depth=queue,
-                uncached_tokens=to_prefill,
-                lower_tier_tokens=min(m.lower_tokens, n_tokens),
+            predicted[engine.name] = self.ledger.predict(
+                engine, n_tokens - cached[engine.name], min(m.lower_tokens, n_tokens)
             )
         most = max(cached.values())
         # A cached prefix is worth more than this request's TTFT: the next turn or sibling
@@ -256,7 +238,7 @@ class KvTtftScorer(_CacheScorer):
         # ranking counts each cached token `cache_weight` times more at its prefill cost.
         cost = {
             e.name: predicted[e.name]
-            - self.cache_weight * cached[e.name] * self.predictor.prefill_cost(e.name)
+            - self.cache_weight * cached[e.name] * self.ledger.predictor.prefill_cost(e.name)
             for e in candidates
         }
         lo, hi = min(cost.values()), max(cost.values())
@@ -279,14 +261,14 @@ class KvTtftScorer(_CacheScorer):
             predicted,
             cached,
             n_tokens,
-            self.footprint,
+            self.ledger.footprint,
             share=self.new_context_share,
             slack=self.new_context_slack,
             slack_s=self.new_context_slack_s,
         )
         kept = None
         if placed is None and cached[winner.name] < most and self.tail_quantile is not None:
-            tail = self.recent.quantile(self.tail_quantile)  # only a tradeoff needs it
+            tail = self.ledger.recent.quantile(self.tail_quantile)  # only a tradeoff needs it
             if tail is not None:
                 kept = _holder_unless_tail(candidates, cost, predicted, cached, most, tail)
         chosen = placed or kept
@@ -316,29 +298,17 @@ class KvTtftScorer(_CacheScorer):
         m = self.match(request, engine, state)
         tokens = self.matcher.tokens(request, state)
         n_tokens = len(tokens) if tokens else 0
-        uncached = max(0, n_tokens - m.tokens)
-        queue, to_prefill = self.backlog.features(engine, 0, self._drain_rate(engine))
-        state[ROUTED_KEY] = RoutedFeatures(
-            queue, to_prefill, uncached, min(m.lower_tokens, n_tokens)
-        )
-        self.backlog.add(engine.name, uncached, state)
-        self.footprint.add(engine.name, uncached)
+        self.ledger.routed(engine, n_tokens - m.tokens, state, min(m.lower_tokens, n_tokens))
         if self.speculative:
             self.matcher.speculate(request, engine, state, None)
 
-    def _drain_rate(self, engine: Engine) -> float | None:
-        return self.predictor.prefill_cost(engine.name) if self.drain_backlog else None
-
     def on_first_token(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
-        self.backlog.settle(state)
+        self.ledger.first_token(state)
 
     def on_completed(
         self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
     ) -> None:
-        self.backlog.settle(state)
-        ttft = learn_ttft(self.predictor, request, outcome, state.get(ROUTED_KEY))
-        if ttft is not None:
-            self.recent.observe(ttft)
+        self.ledger.completed(request, outcome, state)
 
 
 def _holder_unless_tail(

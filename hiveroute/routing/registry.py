@@ -21,14 +21,12 @@ from typing import Any, TypeVar
 from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import ConfigError
 from hiveroute.kvindex.service import get_kv_index, get_tokenizer
-from hiveroute.routing.backlog import prefill_backlog
 from hiveroute.routing.base import Filter, Picker, Plugin, Scorer
 from hiveroute.routing.cache_aware import ApproxPrefixScorer, KvTtftScorer, LoadGuardFilter
-from hiveroute.routing.footprint import kv_footprint
 from hiveroute.routing.pickers import MaxScorePicker, RoundRobinPicker
 from hiveroute.routing.policy import Policy, WeightedScorer
 from hiveroute.routing.scorers import LoadScorer, SessionAffinityScorer
-from hiveroute.routing.ttft import recent_ttfts, shared_ttft_predictor
+from hiveroute.routing.ttft_ledger import TtftLedger
 from hiveroute.workflows.placement import WorkflowPlacementScorer
 
 
@@ -50,13 +48,10 @@ PLUGINS: dict[str, PluginFactory] = {
     "load": lambda ctx: LoadScorer(),
     "session_affinity": lambda ctx, **kw: SessionAffinityScorer(**kw),
     "load_guard": lambda ctx, **kw: LoadGuardFilter(**kw),
-    "kv_ttft": lambda ctx, **kw: KvTtftScorer(
+    "kv_ttft": lambda ctx, drain_backlog=True, **kw: KvTtftScorer(
         get_kv_index(ctx.services),
         get_tokenizer(ctx.services),
-        shared_ttft_predictor(ctx.services),
-        backlog=prefill_backlog(ctx.services),
-        footprint=kv_footprint(ctx.services),
-        recent=recent_ttfts(ctx.services),
+        TtftLedger.shared(ctx.services, drain_backlog=drain_backlog),
         **kw,
     ),
     "prefix_affinity": lambda ctx, **kw: ApproxPrefixScorer(get_tokenizer(ctx.services), **kw),

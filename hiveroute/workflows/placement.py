@@ -27,7 +27,6 @@ from typing import Any
 
 from hiveroute.engines.engine import Engine
 from hiveroute.kvindex.request_tokens import TOKEN_IDS_KEY
-from hiveroute.routing.backlog import PrefillBacklog, prefill_backlog
 from hiveroute.routing.base import (
     CycleState,
     RequestOutcome,
@@ -36,19 +35,13 @@ from hiveroute.routing.base import (
     ScorerCategory,
 )
 from hiveroute.routing.cache_aware import PrefixMatcher
-from hiveroute.routing.footprint import KvFootprint, kv_footprint, new_context_engine
+from hiveroute.routing.footprint import new_context_engine
 from hiveroute.routing.policy import REASON_KEY
-from hiveroute.routing.ttft import (
-    RoutedFeatures,
-    TtftPredictor,
-    learn_ttft,
-    shared_ttft_predictor,
-)
+from hiveroute.routing.ttft_ledger import TtftLedger
 from hiveroute.workflows.registry import WorkflowView
 from hiveroute.workflows.scope import scoped
 
 VIEW_KEY = "workflow_view"
-ROUTED_KEY = "workflow_routed"  # RoutedFeatures of the chosen engine, for learning
 NEW_SPILL_KEY = "workflow_new_spill"
 MAX_AGENT_ENGINES = 1024
 HOME_TOLERANCE = 0.5  # workflows of average size an engine may be home to beyond the least
@@ -167,8 +160,8 @@ class WorkflowPlacementScorer(Scorer):
         self.chars_per_token = chars_per_token  # learned from usage as requests complete
         # how far past the least-homed engine a new home may be (in average workflows)
         self.home_tolerance = home_tolerance
-        # count an engine's backlog as drained at its learned prefill rate (as `kv` does)
-        self.drain_backlog = drain_backlog
+        # the router's TTFT predictor, backlog and footprint, as the `kv` policy sees them
+        self.ledger = TtftLedger.shared(services, drain_backlog=drain_backlog)
         self._matcher: PrefixMatcher | None = None
 
     @property
@@ -176,18 +169,6 @@ class WorkflowPlacementScorer(Scorer):
         from hiveroute.workflows.service import get_workflow_service
 
         return get_workflow_service(self.services)
-
-    @property
-    def predictor(self) -> TtftPredictor:
-        return shared_ttft_predictor(self.services)
-
-    @property
-    def backlog(self) -> PrefillBacklog:
-        return prefill_backlog(self.services)
-
-    @property
-    def footprint(self) -> KvFootprint:
-        return kv_footprint(self.services)
 
     @property
     def matcher(self) -> PrefixMatcher:
@@ -264,15 +245,11 @@ class WorkflowPlacementScorer(Scorer):
     ) -> dict[str, float]:
         view: WorkflowView | None = state.get(VIEW_KEY)
         n = self.tokens(request, state)
-        backlog = self.backlog
         predicted: dict[str, float] = {}
         cached: dict[str, int] = {}
         for e in candidates:
             cached[e.name] = self._cached(request, state, view, e, n)
-            queue, to_prefill = backlog.features(e, max(0, n - cached[e.name]), self._drain_rate(e))
-            predicted[e.name] = self.predictor.predict(
-                e.name, queue_depth=queue, uncached_tokens=to_prefill
-            )
+            predicted[e.name] = self.ledger.predict(e, n - cached[e.name])
         by_name = {e.name: e for e in candidates}
         bound = self.bound(candidates)
 
@@ -283,7 +260,9 @@ class WorkflowPlacementScorer(Scorer):
         chosen: str
         reason: str
         if view is None:
-            placed = new_context_engine(candidates, predicted, predicted, cached, n, self.footprint)
+            placed = new_context_engine(
+                candidates, predicted, predicted, cached, n, self.ledger.footprint
+            )
             if placed is None:  # not a new context: the fastest first token
                 placed = min(candidates, key=lambda e: (predicted[e.name], e.name))
             chosen = placed.name
@@ -321,11 +300,7 @@ class WorkflowPlacementScorer(Scorer):
     def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
         view: WorkflowView | None = state.get(VIEW_KEY)
         n = self.tokens(request, state)
-        uncached = max(0, n - self._cached(request, state, view, engine, n))
-        queue, backlog = self.backlog.features(engine, 0, self._drain_rate(engine))
-        state[ROUTED_KEY] = RoutedFeatures(queue, backlog, uncached)
-        self.backlog.add(engine.name, uncached, state)
-        self.footprint.add(engine.name, uncached)
+        self.ledger.routed(engine, n - self._cached(request, state, view, engine, n), state)
         self.matcher.speculate(request, engine, state, None)  # siblings see it before events
         service = self.service
         agent = request.metadata.agent_id
@@ -337,20 +312,16 @@ class WorkflowPlacementScorer(Scorer):
             view.secondaries.append(engine.name)  # visible to the next sibling at once
             service.spawn(service.registry.add_secondary(view, engine.name))
 
-    def _drain_rate(self, engine: Engine) -> float | None:
-        return self.predictor.prefill_cost(engine.name) if self.drain_backlog else None
-
     def on_first_token(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
-        self.backlog.settle(state)
+        self.ledger.first_token(state)
 
     def on_completed(
         self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
     ) -> None:
-        self.backlog.settle(state)
         if outcome.ok and outcome.prompt_tokens:
             chars = prompt_chars(request)
             if chars > 0:
                 self.chars_per_token = 0.9 * self.chars_per_token + 0.1 * (
                     chars / outcome.prompt_tokens
                 )
-        learn_ttft(self.predictor, request, outcome, state.get(ROUTED_KEY))
+        self.ledger.completed(request, outcome, state)

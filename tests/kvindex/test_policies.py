@@ -19,6 +19,7 @@ from hiveroute.routing.footprint import KvFootprint, least_written
 from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, build_policy
 from hiveroute.routing.ttft import RecentTtfts, RoutedFeatures, TtftPredictor, learn_ttft
+from hiveroute.routing.ttft_ledger import TtftLedger
 
 BS = 16
 PROMPT = " ".join(f"word{i}" for i in range(200))  # ~400 tokens with the built-in tokenizer
@@ -223,7 +224,7 @@ async def test_a_prefill_backlog_sends_the_next_request_elsewhere_until_its_firs
     holder.load.in_flight += 1
     scorer = policy.scorers[0].scorer
     assert isinstance(scorer, KvTtftScorer)
-    assert scorer.backlog.of(holder.name)[0] > 5000
+    assert scorer.ledger.backlog.of(holder.name)[0] > 5000
 
     async def decide(rid: str) -> Decision:  # choose only: no speculative entries left behind
         probe = CycleState()
@@ -233,12 +234,12 @@ async def test_a_prefill_backlog_sends_the_next_request_elsewhere_until_its_firs
     decision = await decide("next")
     assert decision.engine is other and decision.reason == "kv_ttft_tradeoff"
     policy.on_first_token(long_req, holder, state)  # prefill over: now it only decodes
-    assert scorer.backlog.of(holder.name) == (0, 0)
+    assert scorer.ledger.backlog.of(holder.name) == (0, 0)
     decision = await decide("again")
     assert decision.engine is holder and decision.reason == "kv_hit"
     policy.on_completed(long_req, RequestOutcome(holder, 200, ttft_s=0.5), state)
-    assert scorer.backlog.of(holder.name) == (0, 0)  # settled once, not twice
-    assert len(scorer.recent) == 1  # the measured TTFT joins the recent ones (the tail rule)
+    assert scorer.ledger.backlog.of(holder.name) == (0, 0)  # settled once, not twice
+    assert len(scorer.ledger.recent) == 1  # the measured TTFT joins the recent ones (the tail rule)
 
 
 async def test_a_new_context_goes_where_least_was_written_lately_unless_much_slower() -> None:
@@ -342,15 +343,15 @@ async def test_kv_keeps_the_cached_prefix_unless_staying_would_be_a_tail_ttft() 
     decision = await decide("no-history")  # no TTFTs seen yet: the plain ranking decides
     assert decision.engine is other and decision.reason == "kv_ttft_tradeoff"
     for _ in range(100):
-        scorer.recent.observe(0.5)  # recent TTFTs are slow: 0.4 s is not the tail
+        scorer.ledger.recent.observe(0.5)  # recent TTFTs are slow: 0.4 s is not the tail
     decision = await decide("slow-fleet")
     assert decision.engine is holder and decision.reason == "kv_kept"
     for _ in range(512):
-        scorer.recent.observe(0.05)  # a fast fleet: 0.4 s would be a tail TTFT
+        scorer.ledger.recent.observe(0.05)  # a fast fleet: 0.4 s would be a tail TTFT
     decision = await decide("fast-fleet")
     assert decision.engine is other and decision.reason == "kv_ttft_tradeoff"
     with pytest.raises(ValueError, match="tail_quantile"):
-        KvTtftScorer(KvIndex(), BuiltinTokenizer(), TtftPredictor(), tail_quantile=1.5)
+        KvTtftScorer(KvIndex(), BuiltinTokenizer(), TtftLedger(), tail_quantile=1.5)
 
 
 def test_recent_ttfts_quantiles_need_enough_samples() -> None:
@@ -385,3 +386,42 @@ def test_the_backlog_drains_at_the_engines_prefill_rate_until_the_first_token() 
     assert backlog.of("e") == (2000, 1)
     backlog.settle(second)
     assert backlog.of("e") == (0, 0) and backlog.remaining("e", 4e-5) == 0.0
+
+
+async def test_two_predicting_scorers_in_one_policy_count_a_request_once() -> None:
+    """`kv_ttft` and `workflow_placement` share the router's backlog, footprint and predictor
+    through their ledgers: one routed request is one backlog entry, one footprint write and
+    one observation, however many plugins see it."""
+    custom = {"both": {"scorers": [{"name": "kv_ttft"}, {"name": "workflow_placement"}]}}
+    pool = EnginePool([EngineSpec(f"http://127.0.0.1:{8100 + i}") for i in range(2)])
+    svc: dict[str, Any] = {"tokenizer": BuiltinTokenizer(), "kv_index": KvIndex()}
+    policy = build_policy("both", PluginContext(pool, svc), custom)
+    req = request()
+    decision, state = await route(policy, pool, req)
+    engine = decision.engine
+    n_tokens = len(BuiltinTokenizer().encode(PROMPT))
+    assert svc["prefill_backlog"].of(engine.name) == (n_tokens, 1)
+    assert svc["kv_footprint"].of(engine.name) == pytest.approx(n_tokens, rel=0.01)
+    policy.on_completed(req, RequestOutcome(engine, 200, ttft_s=0.05), state)
+    assert svc["prefill_backlog"].of(engine.name) == (0, 0)
+    assert svc["ttft_predictor"].observations(engine.name) == 1
+    assert len(svc["recent_ttfts"]) == 1
+
+
+def test_a_ledger_counts_a_retry_on_another_engine_but_learns_once() -> None:
+    ledger = TtftLedger()
+    first, second = (Engine(EngineSpec(f"http://127.0.0.1:{8100 + i}")) for i in range(2))
+    state = CycleState()
+    ledger.routed(first, 1000, state)
+    ledger.routed(first, 1000, state)  # a second plugin on the same decision
+    assert ledger.backlog.of(first.name) == (1000, 1)
+    assert ledger.footprint.of(first.name) == pytest.approx(1000, rel=0.01)
+    ledger.completed(request(), RequestOutcome(first, 502, error="refused"), state)
+    ledger.routed(second, 1000, state)  # the retry writes the prompt on another engine
+    assert ledger.backlog.of(first.name) == (0, 0)
+    assert ledger.backlog.of(second.name) == (1000, 1)
+    assert ledger.footprint.of(second.name) == pytest.approx(1000, rel=0.01)
+    assert ledger.completed(request(), RequestOutcome(second, 200, ttft_s=0.2), state) == 0.2
+    assert ledger.completed(request(), RequestOutcome(second, 200, ttft_s=0.2), state) is None
+    assert ledger.predictor.observations(second.name) == 1
+    assert ledger.predictor.prefill_cost(second.name) > 0

@@ -268,7 +268,8 @@ async def test_a_backlog_counts_as_drained_at_the_engines_prefill_rate(drain: bo
     one. Without draining, it still counts every token sent."""
     router, _ = make_router(n=2, drain_backlog=drain)
     now = [1000.0]
-    router.services["prefill_backlog"] = PrefillBacklog(clock=lambda: now[0])
+    backlog: PrefillBacklog = router.services["prefill_backlog"]
+    backlog.clock = lambda: now[0]
     a, b = router.pool.engines
     await send_huge_prompt(router, a)
 
