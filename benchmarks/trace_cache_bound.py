@@ -13,7 +13,10 @@ token recomputed) and a few placement rules:
 - `kv rule, uneven`: the same, but the engines take new contexts in unequal shares
   (`--uneven`), as a router that places them by the load of the moment ends up doing;
 - `kv rule, jittered`: the same rule with each engine's recent writes blurred by up to
-  `--jitter` (`--seeds` runs, lowest to highest): how far chance alone moves one slice's hit rate.
+  `--jitter` (`--seeds` runs, lowest to highest): how far chance alone moves one slice's hit rate;
+- `kv rule, shielded` (with `--shield ALPHA`): new contexts also kept away from engines whose
+  cache is serving hits lately (their recent writes plus ALPHA x their recently hit tokens, same
+  half-life), so that conversations which came back once, and may again, are evicted later.
 
 The gap between `one cache` and `unbounded` is what capacity costs; the gap between `kv rule`
 and `one cache` is all that placement could still win. Run it on several slices of the trace:
@@ -93,6 +96,30 @@ def kv_rule(same_share: float, jitter: float = 0.0, seed: int = 0) -> Rule:
     return place
 
 
+def shielded_rule(same_share: float, alpha: float) -> Rule:
+    """The kv placement, but a new context counts each engine's recently hit tokens `alpha`
+    times beside its recent writes."""
+    hits: dict[int, tuple[float, float]] = {}  # id(engine) -> (hit tokens, as of)
+
+    def recent_hits(engine: Engine, now: float) -> float:
+        tokens, at = hits.get(id(engine), (0.0, now))
+        return tokens * math.exp2(-(now - at) / HALF_LIFE_S)
+
+    def place(engines: list[Engine], request: CacheRequest, now: float) -> Engine:
+        n = len(request.token_ids)
+        cached = [e.cached(request) for e in engines]
+        best = max(cached)
+        if best >= NEW_CONTEXT_SHARE * n:
+            holders = [e for e, c in zip(engines, cached, strict=True) if c >= best]
+            chosen = min(holders, key=lambda e: e.recent_writes(now))
+            hits[id(chosen)] = (recent_hits(chosen, now) + best, now)
+            return chosen
+        eligible = [e for e, c in zip(engines, cached, strict=True) if c >= best - same_share * n]
+        return min(eligible, key=lambda e: e.recent_writes(now) + alpha * recent_hits(e, now))
+
+    return place
+
+
 @dataclass
 class Outcome:
     hit_tokens: int = 0
@@ -153,6 +180,13 @@ def main() -> None:
     )
     parser.add_argument("--jitter", type=float, default=0.05)
     parser.add_argument("--seeds", type=int, default=5, help="runs of the jittered rule")
+    parser.add_argument(
+        "--shield",
+        type=float,
+        default=None,
+        metavar="ALPHA",
+        help="add the shielded rule: new contexts weigh recently hit tokens ALPHA x",
+    )
     parser.add_argument("--no-write", dest="write", action="store_false", help="only print")
     args = parser.parse_args()
     uneven = [float(x) for x in args.uneven.split(",")]
@@ -168,12 +202,21 @@ def main() -> None:
         "kv rule": lambda: (fleet(n, blocks, bs), kv),
         "kv rule, uneven": lambda: (fleet(n, blocks, bs, uneven), kv),
     }
+    if args.shield is not None:
+        if args.shield < 0:
+            parser.error("--shield must not be negative")
+        alpha = args.shield
+        targets["kv rule, shielded"] = lambda: (
+            fleet(n, blocks, bs),
+            shielded_rule(args.same_share, alpha),
+        )
     jittered = "kv rule, jittered"
     rates: dict[str, list[float]] = {name: [] for name in [*targets, jittered]}
     lines = [
         f"{n} engines x {blocks} blocks of {bs} tokens; {args.requests} requests per slice, "
         f"token scale {args.token_scale}, speed {args.trace_speed}x, same-share {args.same_share}, "
-        f"jitter {args.jitter} ({args.seeds} seeds)",
+        f"jitter {args.jitter} ({args.seeds} seeds)"
+        + ("" if args.shield is None else f", shield {args.shield}"),
         "",
         "| slice (rows) | " + " | ".join(rates) + " | kv rule writes per engine (k tokens) |",
         "| --- | " + " | ".join("---:" for _ in rates) + " | --- |",
