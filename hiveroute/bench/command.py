@@ -10,7 +10,7 @@ from hiveroute import runtime
 from hiveroute.bench.driver import MODES, DriverOptions
 from hiveroute.bench.engines import ENGINE_KINDS, EngineOptions
 from hiveroute.bench.harness import RunOptions, RunResult, run_benchmark
-from hiveroute.bench.targets import TargetSpec
+from hiveroute.bench.targets import MAX_REPLICAS, TargetSpec
 from hiveroute.bench.workloads import WORKLOADS, add_workload_arguments
 from hiveroute.bench.workloads.base import (
     non_negative_int,
@@ -80,6 +80,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, slices: int) -> None:
         default="warning",
         help="log level of hiveroute targets; info logs each request's engine, policy and "
         "reason to the run's logs/target-*.log",
+    )
+    parser.add_argument(
+        "--router-replicas",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help=f"run each router target as N processes (at most {MAX_REPLICAS}) in front of its "
+        "engines, requests sent to each in turn, as behind a load balancer",
     )
     d = DriverOptions()
     g = parser.add_argument_group("driver")
@@ -154,6 +162,10 @@ def options_from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
     if len(set(labels)) != len(labels):
         raise ConfigError(f"a target is given twice: {', '.join(labels)}")
     workloads = list(dict.fromkeys(args.workload or ["agentic"]))
+    if args.router_replicas > MAX_REPLICAS:
+        raise ConfigError(
+            f"--router-replicas is at most {MAX_REPLICAS}, got {args.router_replicas}"
+        )
     if args.engines == "vllm" and args.preset != EngineOptions().preset:
         raise ConfigError("--preset applies to simulated engines only")
     return RunOptions(
@@ -185,6 +197,7 @@ def options_from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         command=argv,
         quiet=args.quiet,
         router_log_level=args.router_log_level,
+        router_replicas=args.router_replicas,
     )
 
 

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,7 +53,7 @@ class CellRun:
     def __init__(
         self,
         http: aiohttp.ClientSession,
-        base_url: str,
+        base_urls: Sequence[str],
         model: str,
         *,
         target: str,
@@ -62,7 +62,11 @@ class CellRun:
         progress: Progress | None = None,
     ) -> None:
         self.http = http
-        self.base_url = base_url.rstrip("/")
+        if not base_urls:
+            raise ValueError("a cell needs at least one URL to send requests to")
+        # requests go to each URL in turn: the replicas of one router target
+        self.base_urls = [url.rstrip("/") for url in base_urls]
+        self._next_url = 0
         self.model = model
         self.target = target
         self.workload = workload
@@ -225,7 +229,9 @@ class CellRun:
 
     async def _stream(self, request: BenchRequest, record: RequestRecord) -> str:
         chat = request.messages is not None
-        url = self.base_url + ("/v1/chat/completions" if chat else "/v1/completions")
+        base = self.base_urls[self._next_url % len(self.base_urls)]
+        self._next_url += 1
+        url = base + ("/v1/chat/completions" if chat else "/v1/completions")
         headers = {"X-Request-Id": record.request_id, **request.headers()}
         start = time.perf_counter()
         pieces: list[str] = []

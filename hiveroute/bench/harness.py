@@ -48,6 +48,7 @@ class RunOptions:
     command: list[str] = field(default_factory=list)
     quiet: bool = False
     router_log_level: str = "warning"  # of `hiveroute serve` targets; info logs each request
+    router_replicas: int = 1  # router processes per target, requests sent to each in turn
     # How engines are started (tests substitute their own); default: `start_fleet`.
     fleet_factory: Callable[[EngineOptions, Path], Awaitable[Fleet]] | None = None
 
@@ -133,7 +134,13 @@ async def run_benchmark(options: RunOptions) -> RunResult:
             fleet = await factory(options.engines, logs / f"engines-{tag}.log")
             fleets.append(fleet)
             running.append(
-                await start_target(spec, fleet, logs, log_level=options.router_log_level)
+                await start_target(
+                    spec,
+                    fleet,
+                    logs,
+                    log_level=options.router_log_level,
+                    replicas=options.router_replicas,
+                )
             )
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(connector=connector) as http:
@@ -190,6 +197,7 @@ async def run_benchmark(options: RunOptions) -> RunResult:
         "driver": options.driver.__dict__,
         "slices": options.slices,
         "seed": options.seed,
+        "router_replicas": options.router_replicas,
     }
     _write(run_dir, cells, summaries, table, meta, options.workloads)
     return RunResult(run_dir, summaries, table)
@@ -214,7 +222,7 @@ async def _run_slice(
         bar = ProgressBar(label, sum(u.planned_requests for u in units))
     run = CellRun(
         http,
-        target.url,
+        target.urls,
         model,
         target=cell.target,
         workload=cell.workload,

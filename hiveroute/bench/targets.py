@@ -7,12 +7,15 @@
 - ``engine`` - the first engine directly, no router.
 
 Each target runs in front of its own engines (see `compare`), so no target warms another's cache.
+A router target may run as several replicas (`replicas`): that many router processes in front
+of the same engines, each request sent to the next of them, as a load balancer in front of a
+highly available router would.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,18 +80,27 @@ class TargetSpec:
         return cls(kind, None)
 
 
+MAX_REPLICAS = 16
+
+
 @dataclass
 class RunningTarget:
+    """A started target: the URLs to send requests to (one per router replica)."""
+
     spec: TargetSpec
-    url: str
-    _child: ChildProcess | None = None
-    _inproc: Any = None
+    urls: list[str]
+    _children: list[ChildProcess] = field(default_factory=list)
+    _inproc: list[Any] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
 
     async def stop(self) -> None:
-        if self._child is not None:
-            await self._child.stop()
-        if self._inproc is not None:
-            await self._inproc.stop()
+        for child in self._children:
+            await child.stop()
+        for running in self._inproc:
+            await running.stop()
 
 
 async def start_target(
@@ -97,15 +109,39 @@ async def start_target(
     log_dir: Path,
     timeout_s: float = 60.0,
     log_level: str = "warning",
+    replicas: int = 1,
 ) -> RunningTarget:
-    """Start `spec` in front of `fleet` and wait until it answers.
+    """Start `spec` in front of `fleet` (as `replicas` router processes) and wait until every
+    one answers.
 
     `log_level` is a `hiveroute serve` target's: at `info` its log (in `log_dir`) has one JSON
     line per request with the engine, policy and reason, which is how a benchmark's decisions
-    are read afterwards."""
-    log = log_dir / f"target-{spec.label.replace(':', '-')}.log"
+    are read afterwards. The `engine` target has no router, so no replicas either."""
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise ConfigError(f"replicas must be between 1 and {MAX_REPLICAS}, got {replicas}")
     if spec.kind == "engine":
-        return RunningTarget(spec, fleet.urls[0])
+        return RunningTarget(spec, [fleet.urls[0]])
+    target = RunningTarget(spec, [])
+    try:
+        for i in range(replicas):
+            suffix = "" if i == 0 else f"-replica{i + 1}"
+            log = log_dir / f"target-{spec.label.replace(':', '-')}{suffix}.log"
+            await _start_replica(spec, fleet, log, timeout_s, log_level, target)
+    except BaseException:
+        await target.stop()
+        raise
+    return target
+
+
+async def _start_replica(
+    spec: TargetSpec,
+    fleet: Fleet,
+    log: Path,
+    timeout_s: float,
+    log_level: str,
+    target: RunningTarget,
+) -> None:
+    """Start one router for `spec` and add it (its URL and its process) to `target`."""
     if spec.kind == "hiveroute-inproc":
         from hiveroute.config import RouterConfig
         from hiveroute.gateway.server import start_router
@@ -118,8 +154,10 @@ async def start_target(
             policies=user_policies(),
         )
         running = await start_router(config.validate())
+        target._inproc.append(running)
         await wait_http_ok(running.url + "/health", None, timeout_s, f"target {spec.label}")
-        return RunningTarget(spec, running.url, _inproc=running)
+        target.urls.append(running.url)
+        return
     port = free_port()
     if spec.kind == "hiveroute":
         argv = [sys.executable, "-m", "hiveroute", "serve", "--host", "127.0.0.1"]
@@ -129,17 +167,14 @@ async def start_target(
         ready = "/health"
     else:
         peer = PEERS[spec.kind]
-        python = await ensure_peer(peer, log_dir / f"install-{peer.name}.log")
+        python = await ensure_peer(peer, log.parent / f"install-{peer.name}.log")
         argv = peer_argv(peer, python, port, free_port(), fleet.urls, spec.policy or "")
         ready = "/v1/models"
     child = await ChildProcess.start(argv, log, f"target {spec.label}")
+    target._children.append(child)
     url = f"http://127.0.0.1:{port}"
-    try:
-        await wait_http_ok(url + ready, child, timeout_s, f"target {spec.label}")
-    except BaseException:
-        await child.stop()
-        raise
-    return RunningTarget(spec, url, _child=child)
+    await wait_http_ok(url + ready, child, timeout_s, f"target {spec.label}")
+    target.urls.append(url)
 
 
 def user_policies() -> dict[str, Any]:

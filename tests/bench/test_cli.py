@@ -44,6 +44,7 @@ def test_argument_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[s
             "given twice",
         ),
         (["bench", "run", "--workload", "trace", "--trace", "/nonexistent.jsonl"], "cannot read"),
+        (["bench", "run", "--router-replicas", "17"], "--router-replicas is at most 16"),
     ],
 )
 def test_bad_targets_and_inputs_exit_2_with_a_message(
@@ -58,11 +59,19 @@ def test_defaults_and_target_parsing() -> None:
     options = options_from_args(args, ["hiveroute", "bench", "compare"])
     assert [t.label for t in options.targets] == [f"hiveroute:{best_policy()}"]
     assert options.workloads == ["agentic"] and options.slices == 3
+    assert options.router_replicas == 1
     assert TargetSpec.parse("sglang").label == "sglang:cache_aware"
     assert TargetSpec.parse("vllm-router:round_robin").policy == "round_robin"
     assert TargetSpec.parse("hiveroute").label == "hiveroute:round_robin"
     with pytest.raises(ConfigError):
         TargetSpec.parse("")
+
+
+def test_router_replicas_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["bench", "run", "--router-replicas", "0"])
+    assert exited.value.code == 2
+    assert "expected a positive integer" in capsys.readouterr().err
 
 
 def test_sim_options_are_typed() -> None:

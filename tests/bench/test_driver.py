@@ -31,7 +31,7 @@ async def drive(engine: FakeEngine, units: list[Unit], **options: object) -> Cel
     async with aiohttp.ClientSession() as http:
         run = CellRun(
             http,
-            engine.url,
+            [engine.url],
             "fake-model",
             target="t",
             workload="w",
@@ -112,10 +112,29 @@ async def test_errors_are_recorded_and_stop_the_unit(fake_engine: FakeEngine) ->
 async def test_unreachable_target_is_an_error_not_a_crash() -> None:
     async with aiohttp.ClientSession() as http:
         run = CellRun(
-            http, "http://127.0.0.1:9", "m", target="t", workload="w", options=DriverOptions()
+            http, ["http://127.0.0.1:9"], "m", target="t", workload="w", options=DriverOptions()
         )
         await run.run([unit("u", 0, [chat()])])
     assert run.records[0].error and "Client" in run.records[0].error
+
+
+async def test_requests_go_to_each_replica_in_turn(fake_engine: FakeEngine) -> None:
+    """Two URLs, one of them dead: every other request fails, whichever unit sends it."""
+    fake_engine.behaviour.ttft_s = 0.0
+    async with aiohttp.ClientSession() as http:
+        run = CellRun(
+            http,
+            [fake_engine.url, "http://127.0.0.1:9"],
+            "fake-model",
+            target="t",
+            workload="w",
+            options=DriverOptions(mode="closed", concurrency=1),
+        )
+        await run.run([unit(f"u{i}", 0, [chat(1)]) for i in range(4)])
+    assert [r.ok for r in run.records] == [True, False, True, False]
+    assert len(fake_engine.received) == 2
+    with pytest.raises(ValueError, match="at least one URL"):
+        CellRun(http, [], "m", target="t", workload="w", options=DriverOptions())
 
 
 async def test_request_budget_bounds_the_count(fake_engine: FakeEngine) -> None:

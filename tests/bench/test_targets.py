@@ -10,6 +10,7 @@ import pytest
 
 from hiveroute.bench.engines import Fleet
 from hiveroute.bench.targets import TargetSpec, start_target
+from hiveroute.errors import ConfigError
 from tests.support.fake_engine import FakeEngine
 
 
@@ -29,7 +30,30 @@ async def test_hiveroute_subprocess_target_relays_and_stops(
         assert fake_engine.received and fake_engine.received[0]["prompt"] == "hi"
     finally:
         await target.stop()
-    assert target._child is not None and target._child.proc.returncode is not None
+    assert [c.proc.returncode is not None for c in target._children] == [True]
+
+
+async def test_a_router_target_runs_as_replicas_each_answering(
+    fake_engine: FakeEngine, tmp_path: Path
+) -> None:
+    fleet = Fleet(specs=[fake_engine.url], urls=[fake_engine.url], kind="fake")
+    spec = TargetSpec.parse("hiveroute:round_robin")
+    target = await start_target(spec, fleet, tmp_path, replicas=2)
+    try:
+        assert len(set(target.urls)) == 2
+        body = {"model": "fake-model", "prompt": "hi", "max_tokens": 2}
+        async with aiohttp.ClientSession() as http:
+            for url in target.urls:
+                async with http.post(url + "/v1/completions", json=body) as response:
+                    assert response.status == 200
+        assert len(fake_engine.received) == 2
+    finally:
+        await target.stop()
+    assert [c.proc.returncode is not None for c in target._children] == [True, True]
+    assert (tmp_path / "target-hiveroute-round_robin.log").exists()
+    assert (tmp_path / "target-hiveroute-round_robin-replica2.log").exists()
+    with pytest.raises(ConfigError, match="replicas must be between 1 and 16"):
+        await start_target(spec, fleet, tmp_path, replicas=0)
 
 
 @pytest.mark.parametrize("level", ["info", "warning"])
@@ -61,8 +85,8 @@ async def test_router_log_level_decides_whether_each_request_is_logged(
 
 async def test_engine_target_is_the_first_engine_itself(tmp_path: Path) -> None:
     fleet = Fleet(specs=["http://127.0.0.1:1"], urls=["http://127.0.0.1:1"], kind="fake")
-    target = await start_target(TargetSpec.parse("engine"), fleet, tmp_path)
-    assert target.url == "http://127.0.0.1:1"
+    target = await start_target(TargetSpec.parse("engine"), fleet, tmp_path, replicas=3)
+    assert target.urls == ["http://127.0.0.1:1"]  # no router, so nothing to replicate
     await target.stop()
 
 
