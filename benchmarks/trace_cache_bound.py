@@ -77,28 +77,12 @@ class Engine:
 Rule = Callable[[list[Engine], CacheRequest, float], Engine]
 
 
-def kv_rule(same_share: float, jitter: float = 0.0, seed: int = 0) -> Rule:
+def kv_rule(same_share: float, jitter: float = 0.0, seed: int = 0, shield: float = 0.0) -> Rule:
     """The kv placement; `jitter` blurs each engine's recent writes by up to that share, as
-    the timing of a live run does (a reply a few ms later changes what "lately" holds)."""
+    the timing of a live run does (a reply a few ms later changes what "lately" holds).
+    `shield` > 0 makes a new context also count each engine's recently hit tokens that many
+    times beside its recent writes (the shielded rule)."""
     rng = random.Random(seed)
-
-    def place(engines: list[Engine], request: CacheRequest, now: float) -> Engine:
-        n = len(request.token_ids)
-        cached = [e.cached(request) for e in engines]
-        best = max(cached)
-        floor = best if best >= NEW_CONTEXT_SHARE * n else best - same_share * n
-        eligible = [e for e, c in zip(engines, cached, strict=True) if c >= floor]
-        return min(
-            eligible,
-            key=lambda e: e.recent_writes(now) / e.weight * (1 + jitter * rng.uniform(-1, 1)),
-        )
-
-    return place
-
-
-def shielded_rule(same_share: float, alpha: float) -> Rule:
-    """The kv placement, but a new context counts each engine's recently hit tokens `alpha`
-    times beside its recent writes."""
     hits: dict[int, tuple[float, float]] = {}  # id(engine) -> (hit tokens, as of)
 
     def recent_hits(engine: Engine, now: float) -> float:
@@ -109,13 +93,19 @@ def shielded_rule(same_share: float, alpha: float) -> Rule:
         n = len(request.token_ids)
         cached = [e.cached(request) for e in engines]
         best = max(cached)
-        if best >= NEW_CONTEXT_SHARE * n:
-            holders = [e for e, c in zip(engines, cached, strict=True) if c >= best]
-            chosen = min(holders, key=lambda e: e.recent_writes(now))
+        new_context = best < NEW_CONTEXT_SHARE * n
+        floor = best - same_share * n if new_context else best
+        eligible = [e for e, c in zip(engines, cached, strict=True) if c >= floor]
+        weight_of_hits = shield if new_context else 0.0
+
+        def lately(e: Engine) -> float:
+            writes = e.recent_writes(now) / e.weight * (1 + jitter * rng.uniform(-1, 1))
+            return writes + weight_of_hits * recent_hits(e, now)
+
+        chosen = min(eligible, key=lately)
+        if not new_context:
             hits[id(chosen)] = (recent_hits(chosen, now) + best, now)
-            return chosen
-        eligible = [e for e, c in zip(engines, cached, strict=True) if c >= best - same_share * n]
-        return min(eligible, key=lambda e: e.recent_writes(now) + alpha * recent_hits(e, now))
+        return chosen
 
     return place
 
@@ -206,9 +196,9 @@ def main() -> None:
         if args.shield < 0:
             parser.error("--shield must not be negative")
         alpha = args.shield
-        targets["kv rule, shielded"] = lambda: (
+        targets["kv rule, shielded"] = lambda: (  # a new rule each run: it keeps the hits
             fleet(n, blocks, bs),
-            shielded_rule(args.same_share, alpha),
+            kv_rule(args.same_share, shield=alpha),
         )
     jittered = "kv rule, jittered"
     rates: dict[str, list[float]] = {name: [] for name in [*targets, jittered]}
