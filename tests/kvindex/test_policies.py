@@ -27,7 +27,13 @@ PROMPT = " ".join(f"word{i}" for i in range(200))  # ~400 tokens with the built-
 
 def make(n: int, policy: str, **services: Any) -> tuple[EnginePool, Policy, dict[str, Any]]:
     pool = EnginePool([EngineSpec(f"http://127.0.0.1:{8100 + i}") for i in range(n)])
-    svc: dict[str, Any] = {"tokenizer": BuiltinTokenizer(), "kv_index": KvIndex(), **services}
+    svc: dict[str, Any] = {
+        "tokenizer": BuiltinTokenizer(),
+        "kv_index": KvIndex(),
+        # a stopped clock: a backlog must not drain while a slow machine runs the test
+        "prefill_backlog": PrefillBacklog(clock=lambda: 0.0),
+        **services,
+    }
     return pool, build_policy(policy, PluginContext(pool, svc)), svc
 
 

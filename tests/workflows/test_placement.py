@@ -27,6 +27,8 @@ def make_router(n: int = 4, **params: Any) -> tuple[Router, WorkflowService]:
         policies={"workflow": spec},
     ).validate()
     router = Router(config)
+    backlog: PrefillBacklog = router.services["prefill_backlog"]
+    backlog.clock = lambda: 0.0  # stopped: a backlog must not drain while a slow machine runs
     service: WorkflowService = router.services["workflows"]
     service.router = router
     return router, service
