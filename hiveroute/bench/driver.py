@@ -231,6 +231,7 @@ class CellRun:
         chat = request.messages is not None
         base = self.base_urls[self._next_url % len(self.base_urls)]
         self._next_url += 1
+        record.sent_to = base
         url = base + ("/v1/chat/completions" if chat else "/v1/completions")
         headers = {"X-Request-Id": record.request_id, **request.headers()}
         start = time.perf_counter()

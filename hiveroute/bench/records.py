@@ -30,6 +30,7 @@ class RequestRecord:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     engine: str | None = None  # X-Hiveroute-Engine, when the target says
+    sent_to: str | None = None  # the target URL it went to (one of its replicas, if several)
     parents: list[str] = field(default_factory=list)
     planned_gap_s: float = 0.0
     handoff_s: float | None = None  # parent's last token -> this request's first token

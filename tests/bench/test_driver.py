@@ -132,6 +132,8 @@ async def test_requests_go_to_each_replica_in_turn(fake_engine: FakeEngine) -> N
         )
         await run.run([unit(f"u{i}", 0, [chat(1)]) for i in range(4)])
     assert [r.ok for r in run.records] == [True, False, True, False]
+    dead = "http://127.0.0.1:9"
+    assert [r.sent_to for r in run.records] == [fake_engine.url, dead, fake_engine.url, dead]
     assert len(fake_engine.received) == 2
     with pytest.raises(ValueError, match="at least one URL"):
         CellRun(http, [], "m", target="t", workload="w", options=DriverOptions())
