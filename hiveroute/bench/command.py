@@ -10,7 +10,7 @@ from hiveroute import runtime
 from hiveroute.bench.driver import MODES, DriverOptions
 from hiveroute.bench.engines import ENGINE_KINDS, EngineOptions
 from hiveroute.bench.harness import RunOptions, RunResult, run_benchmark
-from hiveroute.bench.targets import MAX_REPLICAS, TargetSpec
+from hiveroute.bench.targets import MAX_REPLICAS, TargetSpec, check_replicas
 from hiveroute.bench.workloads import WORKLOADS, add_workload_arguments
 from hiveroute.bench.workloads.base import (
     non_negative_int,
@@ -162,10 +162,7 @@ def options_from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
     if len(set(labels)) != len(labels):
         raise ConfigError(f"a target is given twice: {', '.join(labels)}")
     workloads = list(dict.fromkeys(args.workload or ["agentic"]))
-    if args.router_replicas > MAX_REPLICAS:
-        raise ConfigError(
-            f"--router-replicas is at most {MAX_REPLICAS}, got {args.router_replicas}"
-        )
+    check_replicas(args.router_replicas, "--router-replicas")  # before any engine starts
     if args.engines == "vllm" and args.preset != EngineOptions().preset:
         raise ConfigError("--preset applies to simulated engines only")
     return RunOptions(

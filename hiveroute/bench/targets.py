@@ -83,6 +83,13 @@ class TargetSpec:
 MAX_REPLICAS = 16
 
 
+def check_replicas(replicas: int, name: str = "replicas") -> None:
+    """Router processes per target: one at least, and few enough to share one machine's
+    cores with the engines. `name` is what the caller calls the count (a CLI flag, say)."""
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise ConfigError(f"{name} must be between 1 and {MAX_REPLICAS}, got {replicas}")
+
+
 @dataclass
 class RunningTarget:
     """A started target: the URLs to send requests to (one per router replica)."""
@@ -117,8 +124,7 @@ async def start_target(
     `log_level` is a `hiveroute serve` target's: at `info` its log (in `log_dir`) has one JSON
     line per request with the engine, policy and reason, which is how a benchmark's decisions
     are read afterwards. The `engine` target has no router, so no replicas either."""
-    if not 1 <= replicas <= MAX_REPLICAS:
-        raise ConfigError(f"replicas must be between 1 and {MAX_REPLICAS}, got {replicas}")
+    check_replicas(replicas)
     if spec.kind == "engine":
         return RunningTarget(spec, [fleet.urls[0]])
     target = RunningTarget(spec, [])

@@ -44,7 +44,10 @@ def test_argument_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[s
             "given twice",
         ),
         (["bench", "run", "--workload", "trace", "--trace", "/nonexistent.jsonl"], "cannot read"),
-        (["bench", "run", "--router-replicas", "17"], "--router-replicas is at most 16"),
+        (
+            ["bench", "run", "--router-replicas", "17"],
+            "--router-replicas must be between 1 and 16, got 17",
+        ),
     ],
 )
 def test_bad_targets_and_inputs_exit_2_with_a_message(
