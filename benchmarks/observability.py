@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))  # tests.support (stand-in engine, Chromium driver
 import aiohttp  # noqa: E402
 
 from hiveroute import runtime  # noqa: E402
+from hiveroute.assembly import assemble  # noqa: E402
 from hiveroute.config import RouterConfig  # noqa: E402
-from hiveroute.gateway.router import Router  # noqa: E402
-from hiveroute.gateway.server import start_router  # noqa: E402
 from hiveroute.observability.tracing import Tracing  # noqa: E402
+from hiveroute.server import start_router  # noqa: E402
 from hiveroute.sim.config import SimConfig  # noqa: E402
 from hiveroute.sim.fleet import SimFleet  # noqa: E402
 from tests.support.chromium import Chromium  # noqa: E402
@@ -77,7 +77,7 @@ async def run(tracing: bool, requests: int, concurrency: int, chunks: int) -> di
     engine.behaviour.stream_chunks = chunks
     await engine.start()
     config = RouterConfig(engine=[engine.url], host="127.0.0.1", port=0).validate()
-    router = Router(config)
+    router = assemble(config)
     if tracing:
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -220,7 +220,7 @@ async def main_async(args: argparse.Namespace) -> str:
     config = RouterConfig(
         engine=fleet.engine_spec_texts(), host="127.0.0.1", port=0, policy=args.policy
     ).validate()
-    served = await serve_router(Router(config))
+    served = await serve_router(assemble(config))
     model = fleet.config.model_name()
     try:
         async with aiohttp.ClientSession() as http, Chromium(window=(1400, 1000)) as browser:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from hiveroute.errors import ConfigError
 
 SUBCOMMANDS = {
-    "serve": ("hiveroute.gateway.serve_command", "run the router"),
+    "serve": ("hiveroute.serve_command", "run the router"),
     "sim": ("hiveroute.sim.command", "run simulated vLLM engines"),
     "demo": ("hiveroute.bench.demo", "see the router at work on simulated engines (a minute)"),
     "bench": ("hiveroute.bench.command", "benchmark routers on agentic, chat and trace workloads"),

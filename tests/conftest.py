@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from hiveroute.config import RouterConfig
-from hiveroute.gateway.server import RunningRouter, start_router
+from hiveroute.server import RunningRouter, start_router
 from tests.support.fake_engine import FakeEngine
 
 

@@ -150,7 +150,7 @@ async def _start_replica(
     """Start one router for `spec` and add it (its URL and its process) to `target`."""
     if spec.kind == "hiveroute-inproc":
         from hiveroute.config import RouterConfig
-        from hiveroute.gateway.server import start_router
+        from hiveroute.server import start_router
 
         config = RouterConfig(
             host="127.0.0.1",

@@ -8,15 +8,12 @@ discovered ones can be mixed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from hiveroute.config import RouterConfig
+from hiveroute.engines.pool import EnginePool
+from hiveroute.lifecycle import Component
 
-if TYPE_CHECKING:
-    from hiveroute.gateway.router import Component
 
-
-def build_discovery(config: RouterConfig) -> Component | None:
+def build_discovery(config: RouterConfig, pool: EnginePool) -> Component | None:
     """The component that keeps the pool's membership current, or None for a static list."""
     if config.discovery == "static":
         return None
@@ -24,6 +21,7 @@ def build_discovery(config: RouterConfig) -> Component | None:
         from hiveroute.engines.discovery_k8s import KubernetesDiscovery, PodEndpoints
 
         return KubernetesDiscovery(
+            pool,
             namespace=config.k8s_namespace,
             label_selector=config.k8s_label_selector,
             endpoints=PodEndpoints(

@@ -29,7 +29,6 @@ from hiveroute.errors import ConfigError
 
 if TYPE_CHECKING:
     from hiveroute.engines.pool import EnginePool
-    from hiveroute.gateway.router import Router
 
 log = logging.getLogger("hiveroute.discovery")
 
@@ -304,6 +303,7 @@ class KubernetesDiscovery:
 
     def __init__(
         self,
+        pool: EnginePool,
         *,
         namespace: str = "",
         label_selector: str,
@@ -327,7 +327,7 @@ class KubernetesDiscovery:
         self._backoff = backoff
         self.page_size = page_size
         self._owned: dict[str, EngineSpec] = {}  # pod key -> the engine we added for it
-        self._pool: EnginePool | None = None
+        self._pool = pool
         self._loop: asyncio.AbstractEventLoop | None = None
         self._synced = asyncio.Event()
         self.watcher: PodWatcher | None = None
@@ -338,8 +338,7 @@ class KubernetesDiscovery:
         """Pod key -> engine URL, for the pods currently in the pool."""
         return {key: spec.url for key, spec in self._owned.items()}
 
-    async def start(self, router: Router) -> None:
-        self._pool = router.pool
+    async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         if self._api is None:
             self._api, default_namespace = await asyncio.to_thread(
@@ -405,7 +404,6 @@ class KubernetesDiscovery:
         self._set(pod_key(pod), self.endpoints.spec_for(ip) if ip else None)
 
     def _set(self, key: str, spec: EngineSpec | None) -> None:
-        assert self._pool is not None
         old = self._owned.get(key)
         if old == spec:
             return

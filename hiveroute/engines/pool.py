@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 
 import aiohttp
 
+from hiveroute.engines.client import EngineClient
 from hiveroute.engines.engine import Engine, EngineSpec
 from hiveroute.engines.prom_text import parse_prometheus_text
 
@@ -28,19 +29,20 @@ class EnginePool:
         self,
         specs: Iterable[EngineSpec] = (),
         *,
+        client: EngineClient | None = None,
         health_interval_s: float = 2.0,
-        health_timeout_s: float = 2.0,
         failures_to_down: int = 2,
     ) -> None:
         self._engines: dict[str, Engine] = {}
         self.health_interval_s = health_interval_s
-        self.health_timeout_s = health_timeout_s
         self.failures_to_down = failures_to_down
         self._on_added: list[EngineListener] = []
         self._on_removed: list[EngineListener] = []
         self._task: asyncio.Task[None] | None = None
         self.panic_routings = 0  # times routing fell back to slow engines as none was healthy
-        self._session: aiohttp.ClientSession | None = None
+        # Health checks go through the router's EngineClient (the engine's key and timeouts);
+        # a pool built without one (policy tests) never checks.
+        self.client = client
         for spec in specs:
             self.add(spec)
 
@@ -122,9 +124,8 @@ class EnginePool:
     def report_success(self, engine: Engine) -> None:
         engine.consecutive_failures = 0
 
-    async def start(self, session: aiohttp.ClientSession) -> None:
+    async def start(self) -> None:
         """Check every engine once (so the first request sees real health), then keep checking."""
-        self._session = session
         await self.check_all()
         self._task = asyncio.create_task(self._loop(), name="engine-health")
 
@@ -148,19 +149,16 @@ class EnginePool:
 
     async def check(self, engine: Engine) -> None:
         """One health round for one engine: /health, then /v1/models and /metrics if it is up."""
-        assert self._session is not None, "EnginePool.start() must run before check()"
-        timeout = aiohttp.ClientTimeout(total=self.health_timeout_s)
+        client = self.client
+        assert client is not None, "an EnginePool without an EngineClient cannot check engines"
         try:
-            async with self._session.get(f"{engine.url}/health", timeout=timeout) as resp:
-                if resp.status != 200:
-                    raise RuntimeError(f"/health answered {resp.status}")
-            async with self._session.get(f"{engine.url}/v1/models", timeout=timeout) as resp:
-                if resp.status == 200:
-                    payload = await resp.json()
-                    engine.models = {m["id"] for m in payload.get("data", []) if "id" in m}
-            async with self._session.get(f"{engine.url}/metrics", timeout=timeout) as resp:
-                if resp.status == 200:
-                    self._apply_metrics(engine, await resp.text())
+            await client.check_health(engine)
+            models = await client.list_models(engine)
+            if models is not None:
+                engine.models = models
+            text = await client.scrape_metrics(engine)
+            if text is not None:
+                self._apply_metrics(engine, text)
         except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError, KeyError) as exc:
             reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
             slow = isinstance(exc, TimeoutError)

@@ -1,21 +1,23 @@
-"""The aiohttp application: routes, JSON errors, and the read-only endpoints."""
+"""The aiohttp application: routes, JSON errors, request ids, and the read-only endpoints."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from aiohttp import web
 
 from hiveroute.errors import HiverouteError, TooManyRequests, error_body
-from hiveroute.gateway.completions import ROUTER_KEY, handle_completion
-from hiveroute.gateway.router import Router
-from hiveroute.observability.dashboard import add_dashboard_routes
+from hiveroute.gateway.completions import handle_completion
+from hiveroute.gateway.parts import GATEWAY_KEY, GatewayParts
+from hiveroute.gateway.request_ids import request_ids
+from hiveroute.lifecycle import Component
 
 log = logging.getLogger("hiveroute.gateway")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Mount = Callable[[web.Application], None]
 
 
 def json_error(
@@ -56,18 +58,18 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 async def handle_models(request: web.Request) -> web.Response:
-    router = request.app[ROUTER_KEY]
+    pool = request.app[GATEWAY_KEY].pool
     now = int(time.time())
     data = [
         {"id": model, "object": "model", "created": now, "owned_by": "hiveroute"}
-        for model in sorted(router.pool.known_models())
+        for model in sorted(pool.known_models())
     ]
     return web.json_response({"object": "list", "data": data})
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    router = request.app[ROUTER_KEY]
-    engines = [e.status() for e in router.pool.engines]
+    parts = request.app[GATEWAY_KEY]
+    engines = [e.status() for e in parts.pool.engines]
     healthy = sum(1 for e in engines if e["healthy"])
     status = (
         "ok" if healthy == len(engines) and engines else ("degraded" if healthy else "unavailable")
@@ -75,18 +77,18 @@ async def handle_health(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "status": status,
-            "policy": router.policy.name,
+            "policy": parts.policy.name,
             "engines": engines,
-            "panic_routings": router.pool.panic_routings,
+            "panic_routings": parts.pool.panic_routings,
         },
         status=200 if healthy else 503,
     )
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
-    router = request.app[ROUTER_KEY]
-    metrics = router.metrics
-    for engine in router.pool.engines:
+    parts = request.app[GATEWAY_KEY]
+    metrics = parts.metrics
+    for engine in parts.pool.engines:
         metrics.engine_up.labels(engine.name).set(1 if engine.healthy else 0)
         metrics.engine_queue.labels(engine.name).set(engine.load.queue_depth)
         metrics.engine_kv_usage.labels(engine.name).set(engine.load.kv_usage)
@@ -95,27 +97,33 @@ async def handle_metrics(request: web.Request) -> web.Response:
     return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
 
 
-def build_app(router: Router) -> web.Application:
+def build_app(
+    parts: GatewayParts, lifecycle: Component, mounts: Sequence[Mount] = ()
+) -> web.Application:
+    """The router's app: the OpenAI endpoints, plus what `mounts` add (the control API, the
+    dashboard); `lifecycle` is started and stopped with it."""
     # The body limit is enforced by read_body (413 with a clear message); this is a backstop.
     app = web.Application(
-        middlewares=[errors_as_json, router.auth.middleware()],
-        client_max_size=router.config.max_body_bytes + 1024,
+        middlewares=[
+            request_ids(parts.metrics, parts.policy.name),
+            errors_as_json,
+            parts.auth.middleware(),
+        ],
+        client_max_size=parts.config.max_body_bytes + 1024,
     )
-    app[ROUTER_KEY] = router
+    app[GATEWAY_KEY] = parts
     app.router.add_post("/v1/completions", handle_completion)
     app.router.add_post("/v1/chat/completions", handle_completion)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)
-    from hiveroute.workflows.api import add_routes
+    for mount in mounts:
+        mount(app)
 
-    add_routes(app, router)  # /v1/workflows, /v1/contexts
-    add_dashboard_routes(app, router)
-
-    async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
-        await router.start()
+    async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:
+        await lifecycle.start()
         yield
-        await router.stop()
+        await lifecycle.stop()
 
-    app.cleanup_ctx.append(lifecycle)
+    app.cleanup_ctx.append(lifecycle_ctx)
     return app

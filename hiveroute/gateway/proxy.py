@@ -1,4 +1,4 @@
-"""Sending a request to an engine and relaying the answer, with one retry elsewhere.
+"""Relaying an engine's answer to the client (sending it is the EngineClient's job).
 
 Streams are relayed chunk by chunk as they arrive (never buffered). A client that goes away
 cancels the handler, which closes the upstream connection, which makes vLLM abort the request.
@@ -6,7 +6,6 @@ cancels the handler, which closes the upstream connection, which makes vLLM abor
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from hiveroute.engines.engine import Engine
+from hiveroute.engines.client import UpstreamAnswer
 from hiveroute.errors import error_body
 from hiveroute.gateway.usage import StreamTail, Usage, usage_from_json_bytes
 
@@ -30,32 +29,6 @@ DROP_RESPONSE_HEADERS = {
     "server",
     "content-encoding",
 }
-RETRY_STATUSES = {502, 503, 504}
-
-
-class EngineUnreachable(Exception):
-    """The engine could not be reached or sent nothing back: safe to try another engine.
-
-    `slow`: it was reached but did not answer in time (overloaded or hung, not refused).
-    """
-
-    def __init__(self, message: str, *, slow: bool = False) -> None:
-        super().__init__(message)
-        self.slow = slow
-
-
-@dataclass
-class UpstreamAnswer:
-    """An engine's response whose headers (and, for streams, first chunk) have arrived."""
-
-    engine: Engine
-    response: aiohttp.ClientResponse
-    first_chunk: bytes = b""
-    first_chunk_at: float | None = None
-
-    @property
-    def is_stream(self) -> bool:
-        return self.response.content_type == "text/event-stream"
 
 
 @dataclass
@@ -69,60 +42,11 @@ class RelayResult:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-async def send_upstream(
-    session: aiohttp.ClientSession,
-    engine: Engine,
-    path: str,
-    payload: bytes,
-    headers: dict[str, str],
-    *,
-    stream: bool,
-    connect_timeout_s: float,
-    first_byte_timeout_s: float,
-    request_timeout_s: float,
-) -> UpstreamAnswer:
-    """POST to the engine; raise EngineUnreachable if it cannot be reached or stays silent."""
-    timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
-    try:
-        response = await asyncio.wait_for(
-            session.post(f"{engine.url}{path}", data=payload, headers=headers, timeout=timeout),
-            timeout=first_byte_timeout_s if stream else request_timeout_s,
-        )
-    except TimeoutError:
-        raise EngineUnreachable(f"no response from {engine.name} in time", slow=True) from None
-    except aiohttp.ClientError as exc:
-        raise EngineUnreachable(f"{engine.name}: {type(exc).__name__}: {exc}") from None
-    if response.status in RETRY_STATUSES:
-        detail = (await response.read())[:200].decode(errors="replace")
-        response.release()
-        raise EngineUnreachable(f"{engine.name} answered {response.status}: {detail}")
-    answer = UpstreamAnswer(engine=engine, response=response)
-    if answer.is_stream:
-        try:
-            answer.first_chunk = await asyncio.wait_for(
-                response.content.readany(), timeout=first_byte_timeout_s
-            )
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            response.close()
-            raise EngineUnreachable(
-                f"{engine.name} sent no first byte ({type(exc).__name__})",
-                slow=isinstance(exc, TimeoutError),
-            ) from None
-        if not answer.first_chunk:
-            response.close()
-            raise EngineUnreachable(f"{engine.name} closed the stream before its first byte")
-        answer.first_chunk_at = time.perf_counter()
-    return answer
-
-
 def upstream_headers(
-    incoming: web.BaseRequest,
-    request_id: str,
-    *,
-    forward_authorization: bool = True,
-    engine_api_key: str | None = None,
+    incoming: web.BaseRequest, request_id: str, *, forward_authorization: bool = True
 ) -> dict[str, str]:
-    """Headers for the engine. The client's key is not forwarded when the router checks keys."""
+    """Headers for the engine from the client's. The client's key is not forwarded when the
+    router checks keys; the engine's own key is added by the EngineClient."""
     headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
     for name in FORWARD_REQUEST_HEADERS:
         if name == "authorization" and not forward_authorization:
@@ -130,8 +54,6 @@ def upstream_headers(
         value = incoming.headers.get(name)
         if value is not None:
             headers[name] = value
-    if engine_api_key:
-        headers["authorization"] = f"Bearer {engine_api_key}"
     headers["X-Request-Id"] = request_id
     return headers
 
@@ -172,8 +94,13 @@ async def relay_stream(
     answer: UpstreamAnswer,
     extra_headers: dict[str, str],
     started: float,
+    *,
+    drop_usage: bool = False,
 ) -> tuple[web.StreamResponse, RelayResult]:
-    """Relay an SSE stream chunk by chunk. Engine failure mid-stream ends it with an error event."""
+    """Relay an SSE stream chunk by chunk. Engine failure mid-stream ends it with an error event.
+
+    `drop_usage`: the router asked the engine for the usage chunk the client did not ask for;
+    it is read (for the access log and counters) and not passed on."""
     upstream = answer.response
     out = web.StreamResponse(
         status=upstream.status, headers=response_headers(upstream, extra_headers)
@@ -182,6 +109,7 @@ async def relay_stream(
     if answer.first_chunk_at is not None:
         result.ttft_s = answer.first_chunk_at - started
     tail = StreamTail()
+    usage_filter = UsageChunkFilter() if drop_usage else None
     # Inter-token latency, cheaply: count data events per chunk (a C-level byte count) and time
     # the first and the last chunk that carried one; the mean gap is their span over events - 1.
     events = 0
@@ -198,8 +126,10 @@ async def relay_stream(
                 events += found
                 last_event_at = chunk_at
             tail.feed(chunk)
-            await out.write(chunk)
-            result.bytes_out += len(chunk)
+            passed = usage_filter.feed(chunk) if usage_filter is not None else chunk
+            if passed:
+                await out.write(passed)
+                result.bytes_out += len(passed)
             try:
                 chunk = await upstream.content.readany()
                 chunk_at = time.perf_counter()
@@ -207,8 +137,12 @@ async def relay_stream(
                 result.error = (
                     f"engine {answer.engine.name} failed mid-stream: {type(exc).__name__}"
                 )
+                if usage_filter is not None:
+                    await out.write(usage_filter.rest())
                 await out.write(sse_error_event(result.error))
                 break
+        if usage_filter is not None:
+            await out.write(usage_filter.rest())
         await out.write_eof()
     finally:
         upstream.close()
@@ -216,3 +150,46 @@ async def relay_stream(
     if events > 1 and result.error is None:
         result.itl_s = (last_event_at - first_event_at) / (events - 1)
     return out, result
+
+
+class UsageChunkFilter:
+    """Drops usage-only SSE events (`"choices": []` with a `usage` object) from a stream.
+
+    Events are passed on as soon as they are complete; only an event split across chunks is held
+    until its end arrives, so the stream stays chunk by chunk."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._pending + chunk if self._pending else chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._pending = data
+            return b""
+        complete, self._pending = data[: end + 2], data[end + 2 :]
+        if b'"usage"' not in complete:
+            return complete
+        events = complete.split(b"\n\n")
+        return b"".join(e + b"\n\n" for e in events if e and not _usage_only(e))
+
+    def rest(self) -> bytes:
+        rest, self._pending = self._pending, b""
+        return rest
+
+
+def _usage_only(event: bytes) -> bool:
+    if b'"usage"' not in event:
+        return False
+    line = event.strip()
+    if not line.startswith(b"data:"):
+        return False
+    try:
+        payload = json.loads(line[5:])
+    except (ValueError, RecursionError):
+        return False
+    return (
+        isinstance(payload, dict)
+        and payload.get("choices") == []
+        and isinstance(payload.get("usage"), dict)
+    )

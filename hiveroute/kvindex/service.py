@@ -1,10 +1,9 @@
-"""Wiring the KV index into a router: tokenizer, index, one event subscriber per engine.
+"""Following the pool's KV events: one subscriber per engine that publishes them.
 
-`KvEventService.install` puts the shared objects into the router's services (where routing
-plugins find them: services["tokenizer"], services["kv_index"], services["kv_events"]) and
-registers the index's metrics; as a router component it then follows the pool, subscribing to
-every engine that has a KV-event endpoint (``--engine URL,events=tcp://H:P[,replay=tcp://H:P]``)
-and forgetting engines that leave.
+As a router component the service subscribes to every engine that has a KV-event endpoint
+(``--engine URL,events=tcp://H:P[,replay=tcp://H:P]``), and follows the pool: it subscribes to
+engines that join and forgets engines that leave. The index it feeds is built by the assembly and
+shared with the routing plugins; `KvIndexCollector` shows both on /metrics.
 """
 
 from __future__ import annotations
@@ -15,30 +14,26 @@ from collections.abc import Iterator
 from typing import Any
 
 import zmq.asyncio
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from hiveroute.engines.engine import Engine
 from hiveroute.engines.pool import EnginePool
 from hiveroute.kvindex.index import KvIndex
 from hiveroute.kvindex.subscriber import KvEventSubscriber
-from hiveroute.kvindex.tokenizer import Tokenizer, load_tokenizer
-from hiveroute.routing.base import shared_service
 
 log = logging.getLogger("hiveroute.kvindex")
 
-TOKENIZER = "tokenizer"
-KV_INDEX = "kv_index"
-KV_EVENTS = "kv_events"
 
-
-def get_tokenizer(services: dict[str, Any]) -> Tokenizer:
-    """The router's tokenizer (the built-in one if none was configured)."""
-    return shared_service(services, TOKENIZER, lambda: load_tokenizer(None))
-
-
-def get_kv_index(services: dict[str, Any]) -> KvIndex:
-    return shared_service(services, KV_INDEX, KvIndex)
+def build_kv_index(
+    max_blocks: int | None = None, speculative_ttl_s: float | None = None
+) -> KvIndex:
+    """A KvIndex with the configured bounds (its own defaults where none is set)."""
+    kwargs: dict[str, Any] = {}
+    if max_blocks is not None:
+        kwargs["max_blocks"] = max_blocks
+    if speculative_ttl_s is not None:
+        kwargs["speculative_ttl_s"] = speculative_ttl_s
+    return KvIndex(**kwargs)
 
 
 class KvEventService:
@@ -54,37 +49,9 @@ class KvEventService:
         pool.on_added(self._on_added)
         pool.on_removed(self._on_removed)
 
-    @classmethod
-    def install(
-        cls,
-        services: dict[str, Any],
-        pool: EnginePool,
-        registry: CollectorRegistry | None = None,
-        *,
-        tokenizer_dir: str | None = None,
-        max_blocks: int | None = None,
-        speculative_ttl_s: float | None = None,
-        topic: str = "",
-    ) -> KvEventService:
-        """Create (unless given) the tokenizer and index in `services`, and the service."""
-        if TOKENIZER not in services:
-            services[TOKENIZER] = load_tokenizer(tokenizer_dir)
-        if KV_INDEX not in services:
-            kwargs: dict[str, Any] = {}
-            if max_blocks is not None:
-                kwargs["max_blocks"] = max_blocks
-            if speculative_ttl_s is not None:
-                kwargs["speculative_ttl_s"] = speculative_ttl_s
-            services[KV_INDEX] = KvIndex(**kwargs)
-        service = cls(pool, services[KV_INDEX], topic=topic)
-        services[KV_EVENTS] = service
-        if registry is not None:
-            registry.register(KvIndexCollector(service))
-        return service
-
     # --- router component --------------------------------------------------------------------
 
-    async def start(self, router: object = None) -> None:
+    async def start(self) -> None:
         self._context = zmq.asyncio.Context()
         for engine in self.pool.engines:
             self._subscribe(engine)

@@ -15,7 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
-from hiveroute.gateway.router import Router
+from hiveroute.engines.pool import EnginePool
+from hiveroute.observability.metrics import RouterMetrics
 
 DASHBOARD_HEADERS = {
     "Cache-Control": "no-store",
@@ -49,15 +50,14 @@ def _ratio(part: float, whole: float) -> float | None:
     return round(part / whole, 6) if whole > 0 else None
 
 
-def overview(router: Router) -> dict[str, Any]:
+def overview(pool: EnginePool, m: RouterMetrics, policy: str) -> dict[str, Any]:
     """Engines with their health, load and cache use, and fleet totals."""
-    m = router.metrics
     requests = _by_engine(m.requests)
     prompt = _by_engine(m.prompt_tokens)
     cached = _by_engine(m.cached_tokens)
     cross = _by_engine(m.cross_agent_cached_tokens)
     engines = []
-    for e in router.pool.engines:
+    for e in pool.engines:
         p, c = prompt.get(e.name, 0.0), cached.get(e.name, 0.0)
         engines.append(
             {
@@ -76,12 +76,12 @@ def overview(router: Router) -> dict[str, Any]:
     return {
         "object": "dashboard.overview",
         "generated_at": time.time(),
-        "policy": router.policy.name,
+        "policy": policy,
         "engines": engines,
         "totals": {
             "engines": len(engines),
             "healthy_engines": sum(1 for e in engines if e["healthy"]),
-            "in_flight": sum(e.load.in_flight for e in router.pool.engines),
+            "in_flight": sum(e.load.in_flight for e in pool.engines),
             "requests": int(sum(requests.values())),
             "prompt_tokens": int(total_prompt),
             "cached_tokens": int(total_cached),
@@ -92,7 +92,9 @@ def overview(router: Router) -> dict[str, Any]:
     }
 
 
-def add_dashboard_routes(app: web.Application, router: Router) -> None:
+def add_dashboard_routes(
+    app: web.Application, pool: EnginePool, metrics: RouterMetrics, policy: str
+) -> None:
     """GET /dashboard (the page) and GET /dashboard/api/overview (its engine data)."""
 
     async def page(request: web.Request) -> web.Response:
@@ -104,7 +106,9 @@ def add_dashboard_routes(app: web.Application, router: Router) -> None:
         )
 
     async def api_overview(request: web.Request) -> web.Response:
-        return web.json_response(overview(router), headers={"Cache-Control": "no-store"})
+        return web.json_response(
+            overview(pool, metrics, policy), headers={"Cache-Control": "no-store"}
+        )
 
     app.router.add_get("/dashboard", page)
     app.router.add_get("/dashboard/", page)

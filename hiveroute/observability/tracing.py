@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span
 
-    from hiveroute.gateway.router import Router
     from hiveroute.metadata import RequestMetadata
     from hiveroute.routing.base import RequestOutcome
 
@@ -103,8 +102,8 @@ class Tracing:
         )
         return RequestSpan(span, self)
 
-    async def start(self, router: Router) -> None:
-        """Component.start (gateway/router.py): the span processors run on their own."""
+    async def start(self) -> None:
+        """Component.start (hiveroute/lifecycle.py): the span processors run on their own."""
 
     async def stop(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
         """Flush and close the exporter, waiting at most `timeout_s`: an unreachable collector

@@ -17,10 +17,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from hiveroute.engines.engine import Engine
-from hiveroute.routing.base import CycleState, shared_service
+from hiveroute.routing.base import CycleState
 
 BACKLOG_KEY = "prefill_backlog_entry"  # (engine name, tokens) this request added
 
@@ -90,8 +89,3 @@ class PrefillBacklog:
             found.since = self.clock()  # what is left starts now, as far as we know
             if found.requests <= 0:
                 del self._by_engine[name]
-
-
-def prefill_backlog(services: dict[str, Any]) -> PrefillBacklog:
-    """The router's one backlog (created on first use)."""
-    return shared_service(services, "prefill_backlog", PrefillBacklog)

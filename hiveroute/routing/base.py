@@ -10,23 +10,13 @@ per-request CycleState so nothing is computed twice. After the request, plugins 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from hiveroute.engines.engine import Engine
 from hiveroute.metadata import RequestMetadata
 
 T = TypeVar("T")
-
-
-def shared_service(services: dict[str, Any], key: str, make: Callable[[], T]) -> T:
-    """The router's one instance under `key` in its services, made on first use: plugins and
-    hooks that must agree (one backlog, one TTFT predictor, one index) all reach it here."""
-    found = services.get(key)
-    if found is None:
-        found = services[key] = make()
-    return cast(T, found)
 
 
 class ScorerCategory(enum.Enum):
@@ -75,9 +65,10 @@ class Decision:
 
 @dataclass
 class RequestOutcome:
-    """How a routed request went, as the gateway measured it."""
+    """How a request went, as the gateway measured it. `engine`: None when it was refused
+    before any engine was chosen (plugins only hear of requests they routed)."""
 
-    engine: Engine
+    engine: Engine | None
     status: int
     ttft_s: float | None = None
     duration_s: float = 0.0

@@ -18,10 +18,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
 
 from hiveroute.engines.engine import Engine
-from hiveroute.routing.base import shared_service
 
 # A prompt no engine holds NEW_CONTEXT_SHARE of starts a new context; it may go to an engine
 # whose predicted TTFT is up to NEW_CONTEXT_SLACK x the best + NEW_CONTEXT_SLACK_S worse.
@@ -66,11 +64,6 @@ class KvFootprint:
     def add(self, engine: str, tokens: int) -> None:
         if tokens > 0:
             self._by_engine[engine] = (self.of(engine) + tokens, self.clock())
-
-
-def kv_footprint(services: dict[str, Any]) -> KvFootprint:
-    """The router's one footprint record (created on first use)."""
-    return shared_service(services, "kv_footprint", KvFootprint)
 
 
 def least_written(

@@ -20,43 +20,68 @@ from typing import Any, TypeVar
 
 from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import ConfigError
-from hiveroute.kvindex.service import get_kv_index, get_tokenizer
+from hiveroute.kvindex.index import KvIndex
+from hiveroute.kvindex.tokenizer import Tokenizer, load_tokenizer
 from hiveroute.routing.base import Filter, Picker, Plugin, Scorer
 from hiveroute.routing.cache_aware import ApproxPrefixScorer, KvTtftScorer, LoadGuardFilter
+from hiveroute.routing.costs import CostModel
 from hiveroute.routing.pickers import MaxScorePicker, RoundRobinPicker
 from hiveroute.routing.policy import Policy, WeightedScorer
 from hiveroute.routing.scorers import LoadScorer, SessionAffinityScorer
-from hiveroute.routing.ttft_ledger import TtftLedger
-from hiveroute.workflows.placement import WorkflowPlacementScorer
 
 
 @dataclass
 class PluginContext:
-    """What plugin factories may use: the pool and the router's shared services."""
+    """What plugin factories may use: the router's shared parts, typed.
+
+    Each has a default, so a test can build one scorer, or a whole policy, from a pool alone."""
 
     pool: EnginePool
-    services: dict[str, Any] = field(default_factory=dict)
+    tokenizer: Tokenizer = field(default_factory=lambda: load_tokenizer(None))
+    kv_index: KvIndex = field(default_factory=KvIndex)
+    costs: CostModel = field(default_factory=CostModel)
 
 
 T = TypeVar("T")
-PluginFactory = Callable[..., Plugin]
+PluginFactory = Callable[..., Plugin]  # (ctx: PluginContext, **params) -> Plugin
 
 
-PLUGINS: dict[str, PluginFactory] = {
+def _kv_ttft(ctx: PluginContext, drain_backlog: bool = True, **kw: Any) -> Plugin:
+    ledger = ctx.costs.ledger(drain_backlog=drain_backlog)
+    return KvTtftScorer(ctx.kv_index, ctx.tokenizer, ledger, **kw)
+
+
+BUILTIN_PLUGINS: dict[str, PluginFactory] = {
     "round_robin": lambda ctx: RoundRobinPicker(),
     "max_score": lambda ctx: MaxScorePicker(),
     "load": lambda ctx: LoadScorer(),
     "session_affinity": lambda ctx, **kw: SessionAffinityScorer(**kw),
     "load_guard": lambda ctx, **kw: LoadGuardFilter(**kw),
-    "kv_ttft": lambda ctx, drain_backlog=True, **kw: KvTtftScorer(
-        get_kv_index(ctx.services),
-        get_tokenizer(ctx.services),
-        TtftLedger.shared(ctx.services, drain_backlog=drain_backlog),
-        **kw,
-    ),
-    "prefix_affinity": lambda ctx, **kw: ApproxPrefixScorer(get_tokenizer(ctx.services), **kw),
-    "workflow_placement": lambda ctx, **kw: WorkflowPlacementScorer(ctx.services, **kw),
+    "kv_ttft": _kv_ttft,
+    "prefix_affinity": lambda ctx, **kw: ApproxPrefixScorer(ctx.tokenizer, **kw),
 }
+
+
+class PluginRegistry:
+    """Plugin factories by name: the built-in ones, and any other part's (`register`).
+
+    One registry per router (no global one): the assembly registers `workflow_placement`, whose
+    factory holds the router's workflow service, so routing never imports workflows."""
+
+    def __init__(self, factories: Mapping[str, PluginFactory] | None = None) -> None:
+        self._factories: dict[str, PluginFactory] = dict(
+            BUILTIN_PLUGINS if factories is None else factories
+        )
+
+    def register(self, name: str, factory: PluginFactory) -> None:
+        self._factories[name] = factory
+
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def get(self, name: str) -> PluginFactory | None:
+        return self._factories.get(name)
+
 
 BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
     "round_robin": {"picker": "round_robin", "default_reason": "round_robin"},
@@ -93,16 +118,16 @@ BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
 }
 
 
-def _build_plugin(spec: Any, ctx: PluginContext, where: str) -> Plugin:
+def _build_plugin(spec: Any, ctx: PluginContext, where: str, plugins: PluginRegistry) -> Plugin:
     if isinstance(spec, str):
         spec = {"name": spec}
     if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
         raise ConfigError(f"{where}: expected a plugin name or {{name: ..., ...}}, got {spec!r}")
     params = {k: v for k, v in spec.items() if k not in ("name", "weight")}
-    factory = PLUGINS.get(spec["name"])
+    factory = plugins.get(spec["name"])
     if factory is None:
         raise ConfigError(
-            f"{where}: unknown plugin {spec['name']!r}; known: {', '.join(sorted(PLUGINS))}"
+            f"{where}: unknown plugin {spec['name']!r}; known: {', '.join(plugins.names())}"
         )
     try:
         return factory(ctx, **params)
@@ -113,23 +138,31 @@ def _build_plugin(spec: Any, ctx: PluginContext, where: str) -> Plugin:
 
 
 def build_policy(
-    name: str, ctx: PluginContext, custom: Mapping[str, Mapping[str, Any]] | None = None
+    name: str,
+    ctx: PluginContext,
+    custom: Mapping[str, Mapping[str, Any]] | None = None,
+    plugins: PluginRegistry | None = None,
 ) -> Policy:
     """Build policy `name` from the user's specs first, then the built-ins."""
+    plugins = plugins or PluginRegistry()
     specs = {**BUILTIN_POLICIES, **(custom or {})}
     spec = specs.get(name)
     if spec is None:
         raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(sorted(specs))}")
     where = f"policy {name!r}"
-    filters = [_build_plugin(s, ctx, f"{where} filters") for s in spec.get("filters", [])]
+    filters = [_build_plugin(s, ctx, f"{where} filters", plugins) for s in spec.get("filters", [])]
     scorers: list[WeightedScorer] = []
     for s in spec.get("scorers", []):
         weight = float(s.get("weight", 1.0)) if isinstance(s, Mapping) else 1.0
         scorers.append(
-            WeightedScorer(_check(_build_plugin(s, ctx, f"{where} scorers"), Scorer, where), weight)
+            WeightedScorer(
+                _check(_build_plugin(s, ctx, f"{where} scorers", plugins), Scorer, where), weight
+            )
         )
     picker = _check(
-        _build_plugin(spec.get("picker", "max_score"), ctx, f"{where} picker"), Picker, where
+        _build_plugin(spec.get("picker", "max_score"), ctx, f"{where} picker", plugins),
+        Picker,
+        where,
     )
     return Policy(
         name,

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from hiveroute.routing.base import RequestOutcome, RoutingRequest, shared_service
+from hiveroute.routing.base import RequestOutcome, RoutingRequest
 
 # Defaults: a mid-size model on one GPU prefills ~10k tokens/s; each request ahead adds ~20 ms.
 DEFAULT_BASE_S = 0.01
@@ -156,7 +155,7 @@ def learn_ttft(
 
     The engine's own usage (prompt less cached tokens) replaces the index's guess of the
     uncached tokens: the index may be a few events behind."""
-    if routed is None or not outcome.ok or outcome.ttft_s is None:
+    if routed is None or outcome.engine is None or not outcome.ok or outcome.ttft_s is None:
         return None
     if not request.body.get("stream") and (outcome.completion_tokens or 0) > 1:
         return None
@@ -171,11 +170,6 @@ def learn_ttft(
         ttft_s=outcome.ttft_s,
     )
     return outcome.ttft_s
-
-
-def shared_ttft_predictor(services: dict[str, Any]) -> TtftPredictor:
-    """The router's one TTFT predictor, shared by every plugin that predicts (kv, workflow)."""
-    return shared_service(services, "ttft_predictor", TtftPredictor)
 
 
 class RecentTtfts:
@@ -210,8 +204,3 @@ class RecentTtfts:
             self._sorted = sorted(self._ttfts)
             self._since_sort = 0
         return self._sorted[min(len(self._sorted) - 1, int(q * len(self._sorted)))]
-
-
-def recent_ttfts(services: dict[str, Any]) -> RecentTtfts:
-    """The router's one record of recent TTFTs (fed by the plugins that observe them)."""
-    return shared_service(services, "recent_ttfts", RecentTtfts)

@@ -13,19 +13,15 @@ TTFT once.
 
 from __future__ import annotations
 
-from typing import Any
-
 from hiveroute.engines.engine import Engine
-from hiveroute.routing.backlog import PrefillBacklog, prefill_backlog
+from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, RequestOutcome, RoutingRequest
-from hiveroute.routing.footprint import KvFootprint, kv_footprint
+from hiveroute.routing.footprint import KvFootprint
 from hiveroute.routing.ttft import (
     RecentTtfts,
     RoutedFeatures,
     TtftPredictor,
     learn_ttft,
-    recent_ttfts,
-    shared_ttft_predictor,
 )
 
 ROUTED_KEY = "ttft_routed"  # RoutedFeatures of the chosen engine, for learning
@@ -51,17 +47,6 @@ class TtftLedger:
         self.recent = RecentTtfts() if recent is None else recent
         # count an engine's backlog as drained at its learned prefill rate (backlog.py)
         self.drain_backlog = drain_backlog
-
-    @classmethod
-    def shared(cls, services: dict[str, Any], *, drain_backlog: bool = True) -> TtftLedger:
-        """A ledger over the router's one predictor, backlog, footprint and recent TTFTs."""
-        return cls(
-            shared_ttft_predictor(services),
-            prefill_backlog(services),
-            kv_footprint(services),
-            recent_ttfts(services),
-            drain_backlog=drain_backlog,
-        )
 
     def _features(self, engine: Engine, uncached: int) -> tuple[float, float]:
         rate = self.predictor.prefill_cost(engine.name) if self.drain_backlog else None

@@ -39,7 +39,6 @@ from hiveroute.state.reconcile import Reconciler
 from hiveroute.state.redis_scripts import cas_args
 
 if TYPE_CHECKING:
-    from hiveroute.gateway.router import Router
     from hiveroute.observability.metrics import StateMetrics
 
 log = logging.getLogger("hiveroute.state")
@@ -167,8 +166,7 @@ class RedisStateStore:
         self.metrics = metrics
         metrics.backend_up.labels(self.name).set(1 if self.up else 0)
 
-    async def start(self, router: Router) -> None:
-        self.bind_metrics(router.metrics.state)
+    async def start(self) -> None:
         await self.connect()
 
     async def connect(self) -> None:

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from hiveroute.errors import BadRequest, Forbidden, NotFound
 from hiveroute.gateway.auth import principal_of
 from hiveroute.gateway.body import parse_json_object, read_body
-from hiveroute.gateway.completions import ROUTER_KEY
 from hiveroute.workflows.expansion import SEPARATOR, canonical_order
 from hiveroute.workflows.openapi import handle_openapi
 from hiveroute.workflows.placement import new_home
 from hiveroute.workflows.registry import WorkflowView, check_id
 from hiveroute.workflows.scope import scoped
-from hiveroute.workflows.service import WorkflowService, get_workflow_service
+from hiveroute.workflows.service import WorkflowService
 
-if TYPE_CHECKING:
-    from hiveroute.gateway.router import Router
+SERVICE_KEY: web.AppKey[WorkflowService] = web.AppKey("workflows", WorkflowService)
 
 API_BODY_LIMIT = 64 * 1024
 
@@ -38,10 +36,7 @@ def _workflow_key(request: web.Request) -> str:
 
 
 def _service(request: web.Request) -> WorkflowService:
-    service = get_workflow_service(request.app[ROUTER_KEY].services)
-    if service is None:
-        raise NotFound("workflows are not enabled on this router")
-    return service
+    return request.app[SERVICE_KEY]
 
 
 async def _json_body(request: web.Request, limit: int) -> dict[str, Any]:
@@ -159,21 +154,21 @@ async def shared_prefix_of(service: WorkflowService, view: WorkflowView) -> str 
 
 async def _prewarm(service: WorkflowService, view: WorkflowView) -> None:
     """Prefill the shared prefix on the home engine (chosen now if need be), in the background."""
-    router = service.router
-    if router is None or not service.layout_on(view) or not service.keep_warm.enabled:
+    pool = service.pool
+    if not service.layout_on(view) or not service.keep_warm.enabled:
         return
     prefix = await shared_prefix_of(service, view)
     if prefix is None:
         return
     view.shared_prefix = prefix
     view.warm_text = prefix
-    candidates = router.pool.candidates(view.model)
+    candidates = pool.candidates(view.model)
     if not candidates:
         return
     if view.home is None:
         best = new_home(service, candidates)
         await service.registry.claim_home(view, best.name)
-    engine = router.pool.get(view.home) if view.home else None
+    engine = pool.get(view.home) if view.home else None
     if engine is not None and engine.healthy:
         service.spawn(service.keep_warm.prewarm(view, engine, prefix))
 
@@ -181,8 +176,9 @@ async def _prewarm(service: WorkflowService, view: WorkflowView) -> None:
 # --- mounting -----------------------------------------------------------------------------
 
 
-def add_routes(app: web.Application, router: Router) -> None:
-    """Mount the control API on the router's app (called from build_app, which sets ROUTER_KEY)."""
+def add_routes(app: web.Application, service: WorkflowService) -> None:
+    """Mount the control API on the router's app (the assembly calls it)."""
+    app[SERVICE_KEY] = service
     app.router.add_post("/v1/workflows", create_workflow)
     app.router.add_get("/v1/workflows", list_workflows)
     app.router.add_get("/v1/workflows/{workflow_id}", get_workflow)

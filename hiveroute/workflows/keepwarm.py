@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from hiveroute.engines.client import EngineClient
 from hiveroute.engines.engine import Engine
+from hiveroute.engines.pool import EnginePool
 
 if TYPE_CHECKING:
-    from hiveroute.gateway.router import Router
     from hiveroute.workflows.registry import WorkflowView
     from hiveroute.workflows.service import WorkflowService
 
 log = logging.getLogger("hiveroute.workflows.keepwarm")
 
-REQUEST_TIMEOUT_S = 30.0
 MAX_TASKS = 64
 
 
@@ -69,8 +69,10 @@ def warm_body(view: WorkflowView, text: str, model: str | None, *, chat: bool) -
 
 
 class KeepWarm:
-    def __init__(self, service: WorkflowService) -> None:
+    def __init__(self, service: WorkflowService, pool: EnginePool, client: EngineClient) -> None:
         self.service = service
+        self.pool = pool
+        self.client = client  # the engine's key and timeouts, as on every engine request
         config = service.config
         self.interval_s: float = config.keep_warm_interval_s
         self.idle_s: float = config.keep_warm_idle_s
@@ -79,7 +81,6 @@ class KeepWarm:
         self.max_kv_usage: float = config.keep_warm_max_kv_usage
         self.stale_after_s: float = config.request_timeout_s + 60.0
         self.bucket = TokenBucket(config.keep_warm_max_rps)
-        self.router: Router | None = None
         self.retain_supported: dict[str, bool] = {}  # engine -> does it take /sim/retain
         self.retained: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {}  # wf -> engine -> hint
         self.sent = 0
@@ -96,8 +97,7 @@ class KeepWarm:
     def enabled(self) -> bool:
         return self.interval_s > 0 and self.bucket.rate > 0
 
-    async def start(self, router: Router) -> None:
-        self.router = router
+    async def start(self) -> None:
         if self.enabled:
             self._task = asyncio.create_task(self._loop(), name="keep-warm")
 
@@ -134,7 +134,6 @@ class KeepWarm:
 
     def round(self, now: float | None = None) -> int:
         """One pass over active workflows; returns how many warm requests it launched."""
-        assert self.router is not None
         now = time.monotonic() if now is None else now
         launched = 0
         for view in self.service.registry.active_views():
@@ -150,7 +149,7 @@ class KeepWarm:
                     self.forget(view.id)
                 continue
             for name in view.engines:
-                engine = self.router.pool.get(name)
+                engine = self.pool.get(name)
                 if engine is None or not engine.healthy:
                     continue
                 last = max(view.last_used.get(name, 0.0), view.warmed_at.get(name, 0.0))
@@ -197,23 +196,16 @@ class KeepWarm:
 
     async def _retain(self, engine_name: str, path: str, body: dict[str, Any], kind: str) -> bool:
         """Send a retention hint; True if the engine pinned some of the prefix."""
-        assert self.router is not None
-        engine = self.router.pool.get(engine_name)
+        engine = self.pool.get(engine_name)
         if engine is None:
             return False
         try:
-            async with self.router.session.post(
-                engine.url + path,
-                json=body,
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
-            ) as resp:
-                if resp.status in (404, 405):
-                    await resp.read()
-                    self.retain_supported[engine_name] = False
-                    return False
-                ok = resp.status < 400
-                answer = await resp.json(content_type=None) if ok else None
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            status, answer = await self.client.post_json(engine, path, body)
+            if status in (404, 405):
+                self.retain_supported[engine_name] = False
+                return False
+            ok = status < 400
+        except (aiohttp.ClientError, TimeoutError) as exc:
             log.debug("retention hint to %s failed: %s", engine_name, exc)
             ok, answer = False, None
         if ok:
@@ -224,15 +216,9 @@ class KeepWarm:
         return bool(ok and isinstance(pinned, int) and pinned > 0)
 
     async def _send(self, engine: Engine, path: str, body: dict[str, Any], kind: str) -> bool:
-        assert self.router is not None
         try:
-            async with self.router.session.post(
-                engine.url + path,
-                json=body,
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
-            ) as resp:
-                await resp.read()
-                ok = resp.status < 400
+            status, _ = await self.client.post_json(engine, path, body)
+            ok = status < 400
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.debug("%s request to %s failed: %s", kind, engine.name, exc)
             ok = False

@@ -37,9 +37,10 @@ from hiveroute.routing.base import (
 from hiveroute.routing.cache_aware import PrefixMatcher
 from hiveroute.routing.footprint import new_context_engine
 from hiveroute.routing.policy import REASON_KEY
-from hiveroute.routing.ttft_ledger import TtftLedger
+from hiveroute.routing.registry import PluginContext
 from hiveroute.workflows.registry import WorkflowView
 from hiveroute.workflows.scope import scoped
+from hiveroute.workflows.service import WorkflowService
 
 VIEW_KEY = "workflow_view"
 NEW_SPILL_KEY = "workflow_new_spill"
@@ -129,7 +130,8 @@ class WorkflowPlacementScorer(Scorer):
 
     def __init__(
         self,
-        services: dict[str, Any],
+        ctx: PluginContext,
+        workflows: WorkflowService,
         *,
         load_factor: float = 8.0,
         slack: int = 32,
@@ -152,7 +154,8 @@ class WorkflowPlacementScorer(Scorer):
                 "slack, home_margin and home_tolerance must be >= 0, max_homes >= 1, "
                 "chars_per_token > 0"
             )
-        self.services = services
+        self.service = workflows
+        self.pool = ctx.pool
         self.load_factor = load_factor
         self.slack = slack
         self.max_homes = max_homes
@@ -161,24 +164,10 @@ class WorkflowPlacementScorer(Scorer):
         # how far past the least-homed engine a new home may be (in average workflows)
         self.home_tolerance = home_tolerance
         # the router's TTFT predictor, backlog and footprint, as the `kv` policy sees them
-        self.ledger = TtftLedger.shared(services, drain_backlog=drain_backlog)
-        self._matcher: PrefixMatcher | None = None
-
-    @property
-    def service(self) -> Any:
-        from hiveroute.workflows.service import get_workflow_service
-
-        return get_workflow_service(self.services)
-
-    @property
-    def matcher(self) -> PrefixMatcher:
-        """What the engines' KV events say each engine holds of a prompt (the `kv` policy's
-        index, tokenizer and per-cycle memo)."""
-        if self._matcher is None:
-            from hiveroute.kvindex.service import get_kv_index, get_tokenizer
-
-            self._matcher = PrefixMatcher(get_kv_index(self.services), get_tokenizer(self.services))
-        return self._matcher
+        self.ledger = ctx.costs.ledger(drain_backlog=drain_backlog)
+        # what the engines' KV events say each engine holds of a prompt (the `kv` policy's
+        # index, tokenizer and per-cycle memo)
+        self.matcher = PrefixMatcher(ctx.kv_index, ctx.tokenizer)
 
     # --- before the decision: agree on the home --------------------------------------------
 
@@ -192,9 +181,7 @@ class WorkflowPlacementScorer(Scorer):
         if view is None:
             return
         state[VIEW_KEY] = view
-        pool = service.router.pool if service.router is not None else None
-        if pool is None:
-            return
+        pool = self.pool
         candidates = pool.candidates(request.model)
         if not candidates:
             return

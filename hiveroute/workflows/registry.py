@@ -505,7 +505,7 @@ class WorkflowRegistry:
         workflow_id: str,
         record: RequestRecord,
         *,
-        engine: str,
+        engine: str | None,
         status: str,
         ttft_s: float | None,
         duration_s: float,
@@ -552,7 +552,8 @@ class WorkflowRegistry:
             if first is None and started_at is not None and self.workflow_ttft_observer:
                 self.workflow_ttft_observer(max(0.0, record.first_token_at - started_at))
         await self.store.hset(stats_key, updates)
-        await self.store.hincrby(_k("engines", wid), engine, 1)
+        if engine is not None:  # None: refused before any engine was chosen
+            await self.store.hincrby(_k("engines", wid), engine, 1)
         if agent is not None and status == "ok":
             await self.store.hset(
                 _k("last", wid),

@@ -1,8 +1,8 @@
-"""Wiring workflows into a router: the registry, contexts, request hook, metrics, keep-warm.
+"""Workflows in a router: the registry, contexts, request hook, metrics, keep-warm.
 
-`WorkflowService.install(router)` builds the parts from the router's config, puts itself in
-`router.services["workflows"]` (where the `workflow` policy and the control API find it), adds
-its request hook and registers itself as a component (the expiry sweeper and keep-warm loop).
+The assembly builds one WorkflowService and hands it to the parts that use it: the request
+pipeline (as a request hook), the `workflow` policy's scorer and the control API. As a router
+component it runs the expiry sweeper and the keep-warm loop.
 """
 
 from __future__ import annotations
@@ -12,14 +12,16 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from hiveroute.kvindex.tokenizer import Tokenizer, load_tokenizer
+from hiveroute.engines.client import EngineClient
+from hiveroute.engines.pool import EnginePool
+from hiveroute.kvindex.tokenizer import Tokenizer
 from hiveroute.observability.metrics import RouterMetrics
 from hiveroute.routing.base import RequestOutcome, RoutingRequest
-from hiveroute.state.store import StateStore, open_state_store
+from hiveroute.state.store import StateStore
 from hiveroute.workflows.accounting import CrossAgentAccountant
 from hiveroute.workflows.contexts import ContextRegistry
 from hiveroute.workflows.expansion import expand_contexts
@@ -30,12 +32,8 @@ from hiveroute.workflows.priorities import plas_priority
 from hiveroute.workflows.registry import RegistryLimits, WorkflowRegistry, WorkflowView
 from hiveroute.workflows.scope import scoped
 
-if TYPE_CHECKING:
-    from hiveroute.gateway.router import Router
-
 log = logging.getLogger("hiveroute.workflows")
 
-SERVICE_KEY = "workflows"
 MAX_PENDING = 100_000
 SWEEP_EVERY_S = 1.0
 
@@ -83,6 +81,8 @@ class WorkflowService:
         *,
         config: Any,
         metrics: RouterMetrics,
+        pool: EnginePool,
+        client: EngineClient,
     ) -> None:
         self.config = config
         self.store = store
@@ -105,8 +105,8 @@ class WorkflowService:
         )
         self.accountant = CrossAgentAccountant(tokenizer, max_workflows=config.max_workflows)
         self.metrics = WorkflowMetrics(metrics)
-        self.keep_warm = KeepWarm(self)
-        self.router: Router | None = None
+        self.pool = pool
+        self.keep_warm = KeepWarm(self, pool, client)
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -115,34 +115,11 @@ class WorkflowService:
         self.registry.workflow_ttft_observer = self.metrics.workflow_ttft.observe
         self.registry.completion_observer = self.metrics.completion.observe
 
-    @classmethod
-    def install(cls, router: Router) -> WorkflowService:
-        services = router.services
-        if "tokenizer" not in services:
-            services["tokenizer"] = load_tokenizer(getattr(router.config, "tokenizer", None))
-        if "state_store" not in services:
-            store = services["state_store"] = open_state_store(router.config.state)
-            if hasattr(store, "start"):  # Redis: health, metrics and connections live with us
-                router.components.append(store)  # type: ignore[arg-type]
-        if not hasattr(services["state_store"], "start"):  # in memory: always up
-            router.metrics.state.backend_up.labels(services["state_store"].name).set(1)
-        service = cls(
-            services["state_store"],
-            services["tokenizer"],
-            config=router.config,
-            metrics=router.metrics,
-        )
-        services[SERVICE_KEY] = service
-        router.request_hooks.append(service)
-        router.components.append(service)
-        return service
-
     # --- component ------------------------------------------------------------------------
 
-    async def start(self, router: Router) -> None:
-        self.router = router
+    async def start(self) -> None:
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="workflow-sweeper")
-        await self.keep_warm.start(router)
+        await self.keep_warm.start()
 
     async def stop(self) -> None:
         await self.keep_warm.stop()
@@ -196,7 +173,6 @@ class WorkflowService:
         meta = request.metadata
         workflow_key = scoped(request.tenant, meta.workflow_id) if meta.workflow_id else None
         view = await self.registry.ensure(workflow_key) if workflow_key else None
-        assert self.router is not None
         expansion = await expand_contexts(
             request.body,
             chat=request.is_chat,
@@ -206,7 +182,7 @@ class WorkflowService:
             workflow_context_ids=view.settings.context_ids if view else [],
             layout=self.layout_on(view),
             contexts=self.contexts,
-            max_bytes=self.router.config.max_body_bytes,
+            max_bytes=self.config.max_body_bytes,
         )
         if expansion is not None:
             request.body = expansion.body
@@ -231,7 +207,7 @@ class WorkflowService:
         now = time.monotonic()
         self._pending[request.request_id] = _Pending(view, record, now)
         view.in_flight[request.request_id] = now
-        # Requests refused before routing (no engine, overload) never reach after_complete.
+        # after_complete ends every request (refused ones too); this only bounds the map.
         stale = self.config.request_timeout_s + 60.0
         while self._pending and (
             len(self._pending) > MAX_PENDING
@@ -262,17 +238,17 @@ class WorkflowService:
             return
         view = pending.view
         view.in_flight.pop(request.request_id, None)
-        engine = outcome.engine.name
-        view.last_used[engine] = time.monotonic()
+        if outcome.engine is not None:
+            view.last_used[outcome.engine.name] = time.monotonic()
         self.spawn(self._finish(request, outcome, pending))
 
     async def _finish(
         self, request: RoutingRequest, outcome: RequestOutcome, pending: _Pending
     ) -> None:
         view, record = pending.view, pending.record
-        engine = outcome.engine.name
+        engine = outcome.engine.name if outcome.engine is not None else None
         cross: int | None = None
-        if outcome.ok and outcome.prompt_tokens is not None:
+        if outcome.ok and outcome.prompt_tokens is not None and engine is not None:
             tokens = self.accountant.token_ids(request)
             if tokens is not None:
                 cross = self.accountant.account(
@@ -308,8 +284,3 @@ class WorkflowService:
 
 def warm_worthy(text: str | None) -> bool:
     return text is not None and len(text) >= MIN_WARM_CHARS
-
-
-def get_workflow_service(services: dict[str, Any]) -> WorkflowService | None:
-    service = services.get(SERVICE_KEY)
-    return service if isinstance(service, WorkflowService) else None

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from hiveroute.assembly import assemble
 from hiveroute.config import RouterConfig, load_config
 from hiveroute.engines.discovery_k8s import (
     Backoff,
@@ -20,7 +20,6 @@ from hiveroute.engines.discovery_k8s import (
 )
 from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import ConfigError
-from hiveroute.gateway.router import Router
 from tests.deploy.fake_kube_api import FakeKubeApi
 
 
@@ -56,9 +55,9 @@ async def start_discovery(kubeconfig: str, **kwargs: Any) -> tuple[KubernetesDis
     pool = EnginePool(health_interval_s=3600)
     kwargs.setdefault("backoff", Backoff(0.01, 0.05))
     discovery = KubernetesDiscovery(
-        label_selector="hiveroute.io/role=engine", kubeconfig=kubeconfig, **kwargs
+        pool, label_selector="hiveroute.io/role=engine", kubeconfig=kubeconfig, **kwargs
     )
-    await discovery.start(SimpleNamespace(pool=pool))  # type: ignore[arg-type]
+    await discovery.start()
     return discovery, pool
 
 
@@ -80,7 +79,7 @@ async def test_router_pool_follows_pods_through_their_lifecycle(
         },
         env={},
     )
-    router = Router(config)
+    router = assemble(config)
     await router.start()
     try:
         # the namespace came from the kubeconfig context; the initial list is applied by start()
@@ -232,9 +231,9 @@ async def test_discovery_leaves_static_engines_alone(fake: FakeKubeApi, kubeconf
     fake.put("engine-0", ip="10.1.0.10")
     pool = EnginePool([EngineSpec.parse("http://127.0.0.1:9")], health_interval_s=3600)
     discovery = KubernetesDiscovery(
-        label_selector="hiveroute.io/role=engine", kubeconfig=kubeconfig
+        pool, label_selector="hiveroute.io/role=engine", kubeconfig=kubeconfig
     )
-    await discovery.start(SimpleNamespace(pool=pool))  # type: ignore[arg-type]
+    await discovery.start()
     try:
         fake.delete("engine-0")
         await eventually(lambda: urls(pool) == {"http://127.0.0.1:9"}, "engine-0 removed")
@@ -243,9 +242,11 @@ async def test_discovery_leaves_static_engines_alone(fake: FakeKubeApi, kubeconf
 
 
 async def test_missing_kubeconfig_is_a_config_error(tmp_path: Path) -> None:
-    discovery = KubernetesDiscovery(label_selector="a=b", kubeconfig=str(tmp_path / "absent"))
+    discovery = KubernetesDiscovery(
+        EnginePool(), label_selector="a=b", kubeconfig=str(tmp_path / "absent")
+    )
     with pytest.raises(ConfigError, match="cannot load credentials"):
-        await discovery.start(SimpleNamespace(pool=EnginePool()))  # type: ignore[arg-type]
+        await discovery.start()
 
 
 def test_serving_ip_needs_running_ready_ip_and_no_deletion() -> None:
@@ -322,7 +323,7 @@ async def test_router_that_cannot_start_discovery_leaks_nothing(tmp_path: Path) 
     config = load_config(
         {"discovery": "kubernetes", "k8s_kubeconfig": str(tmp_path / "absent")}, env={}
     )
-    router = Router(config)
+    router = assemble(config)
     with pytest.raises(ConfigError, match="cannot load credentials"):
         await router.start()
-    assert router._session is None  # the HTTP session was closed, the pool stopped
+    assert router.engine_client._session is None  # the HTTP session was closed, pool stopped

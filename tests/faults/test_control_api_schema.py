@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from hiveroute.config import RouterConfig
-from hiveroute.gateway.server import RunningRouter, start_router
+from hiveroute.server import RunningRouter, start_router
 from hiveroute.sim import SimConfig, SimFleet
 from hiveroute.workflows.openapi import SPEC
 

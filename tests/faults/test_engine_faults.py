@@ -131,7 +131,7 @@ async def test_slow_health_checks_do_not_turn_overload_into_an_outage(
         await engine.start()
     try:
         router = await router_factory([e.url for e in engines], health_interval_s=0.1)
-        router.router.pool.health_timeout_s = 0.2
+        router.router.engine_client.timeouts.health_s = 0.2
         for engine in engines:
             engine.behaviour.health_stall_s = 1.0  # overloaded: health answers late
         pool = router.router.pool

@@ -41,7 +41,7 @@ async def recording_router(
 ) -> AsyncIterator[RecordingRouter]:
     running = await router_factory([e.url for e in fake_engines])
     recorder = MetadataRecorder()
-    running.router.request_hooks.append(recorder)
+    running.router.pipeline.hooks.append(recorder)
     yield RecordingRouter(url=running.url, recorder=recorder)
 
 
@@ -60,7 +60,7 @@ async def api_stack(
 ) -> AsyncIterator[ApiStack]:
     running = await router_factory([e.url for e in fake_engines])
     recorder = MetadataRecorder()
-    running.router.request_hooks.append(recorder)
+    running.router.pipeline.hooks.append(recorder)
     yield ApiStack(url=running.url, engines=fake_engines, recorder=recorder)
 
 
@@ -76,7 +76,7 @@ async def sim_api_stack(router_factory: RouterFactory) -> AsyncIterator[ApiStack
     try:
         running = await router_factory(fleet.engine_spec_texts())
         recorder = MetadataRecorder()
-        running.router.request_hooks.append(recorder)
+        running.router.pipeline.hooks.append(recorder)
         yield ApiStack(url=running.url, engines=[], recorder=recorder)
     finally:
         await fleet.stop()

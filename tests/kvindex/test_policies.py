@@ -15,26 +15,29 @@ from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, Decision, RequestOutcome, RoutingRequest
 from hiveroute.routing.cache_aware import KvTtftScorer
+from hiveroute.routing.costs import CostModel
 from hiveroute.routing.footprint import KvFootprint, least_written
 from hiveroute.routing.policy import Policy
-from hiveroute.routing.registry import PluginContext, build_policy
+from hiveroute.routing.registry import PluginContext, PluginRegistry, build_policy
 from hiveroute.routing.ttft import RecentTtfts, RoutedFeatures, TtftPredictor, learn_ttft
 from hiveroute.routing.ttft_ledger import TtftLedger
+from hiveroute.workflows.placement import WorkflowPlacementScorer
+from tests.support.workflows import workflow_service
 
 BS = 16
 PROMPT = " ".join(f"word{i}" for i in range(200))  # ~400 tokens with the built-in tokenizer
 
 
-def make(n: int, policy: str, **services: Any) -> tuple[EnginePool, Policy, dict[str, Any]]:
+def make(
+    n: int, policy: str, *, predictor: TtftPredictor | None = None
+) -> tuple[EnginePool, Policy, PluginContext]:
     pool = EnginePool([EngineSpec(f"http://127.0.0.1:{8100 + i}") for i in range(n)])
-    svc: dict[str, Any] = {
-        "tokenizer": BuiltinTokenizer(),
-        "kv_index": KvIndex(),
-        # a stopped clock: a backlog must not drain while a slow machine runs the test
-        "prefill_backlog": PrefillBacklog(clock=lambda: 0.0),
-        **services,
-    }
-    return pool, build_policy(policy, PluginContext(pool, svc)), svc
+    # a stopped clock: a backlog must not drain while a slow machine runs the test
+    costs = CostModel(backlog=PrefillBacklog(clock=lambda: 0.0))
+    if predictor is not None:
+        costs.predictor = predictor
+    svc = PluginContext(pool, tokenizer=BuiltinTokenizer(), kv_index=KvIndex(), costs=costs)
+    return pool, build_policy(policy, svc), svc
 
 
 def request(prompt: str = PROMPT, rid: str = "r", **meta: Any) -> RoutingRequest:
@@ -62,8 +65,8 @@ async def test_kv_goes_where_the_prefix_is_and_shares_the_match() -> None:
     pool, policy, svc = make(3, "kv")
     tokens = BuiltinTokenizer().encode(PROMPT)
     for e in pool.engines:
-        svc["kv_index"].set_block_size(e.name, BS)
-    cache_on(svc["kv_index"], "127.0.0.1:8101", tokens)
+        svc.kv_index.set_block_size(e.name, BS)
+    cache_on(svc.kv_index, "127.0.0.1:8101", tokens)
     decision, state = await route(policy, pool, request(PROMPT + " and a new question"))
     assert decision.engine.name == "127.0.0.1:8101" and decision.reason == "kv_hit"
     assert state[TOKEN_IDS_KEY][: len(tokens)] == tokens
@@ -83,18 +86,18 @@ async def test_kv_without_cache_takes_the_least_loaded() -> None:
 async def test_kv_trades_a_short_match_for_a_shorter_queue() -> None:
     pool, policy, svc = make(2, "kv")
     tokens = BuiltinTokenizer().encode(PROMPT)
-    cache_on(svc["kv_index"], "127.0.0.1:8100", tokens[:64])  # a small shared prefix
-    svc["kv_index"].set_block_size("127.0.0.1:8101", BS)
+    cache_on(svc.kv_index, "127.0.0.1:8100", tokens[:64])  # a small shared prefix
+    svc.kv_index.set_block_size("127.0.0.1:8101", BS)
     pool.engines[0].load.in_flight = 4
     decision, _ = await route(policy, pool, request())
     assert decision.engine is pool.engines[1] and decision.reason == "kv_ttft_tradeoff"
 
 
 async def test_near_equal_predictions_go_to_the_longer_match() -> None:
-    pool, policy, svc = make(2, "kv", ttft_predictor=TtftPredictor(queue_s_per_request=0.01))
+    pool, policy, svc = make(2, "kv", predictor=TtftPredictor(queue_s_per_request=0.01))
     tokens = BuiltinTokenizer().encode(PROMPT)
-    cache_on(svc["kv_index"], "127.0.0.1:8101", tokens[:64])  # saves a few ms at most
-    svc["kv_index"].set_block_size("127.0.0.1:8100", BS)
+    cache_on(svc.kv_index, "127.0.0.1:8101", tokens[:64])  # saves a few ms at most
+    svc.kv_index.set_block_size("127.0.0.1:8100", BS)
     pool.engines[1].load.in_flight = 1  # ... and costs a little queueing: a near tie
     decision, state = await route(policy, pool, request())
     predicted = state["predicted_ttft"]
@@ -104,9 +107,9 @@ async def test_near_equal_predictions_go_to_the_longer_match() -> None:
 
 async def test_load_guard_never_makes_the_cache_holder_the_bottleneck() -> None:
     slow = TtftPredictor(prefill_s_per_token=1e-2)  # recomputing would cost seconds
-    pool, policy, svc = make(4, "kv", ttft_predictor=slow)
+    pool, policy, svc = make(4, "kv", predictor=slow)
     tokens = BuiltinTokenizer().encode(PROMPT)
-    cache_on(svc["kv_index"], "127.0.0.1:8100", tokens)
+    cache_on(svc.kv_index, "127.0.0.1:8100", tokens)
     pool.engines[0].load.in_flight = 3
     decision, _ = await route(policy, pool, request())
     assert decision.engine is pool.engines[0] and decision.reason == "kv_hit"  # worth the wait
@@ -118,7 +121,7 @@ async def test_load_guard_never_makes_the_cache_holder_the_bottleneck() -> None:
 async def test_siblings_follow_the_first_before_any_event_arrives() -> None:
     pool, policy, svc = make(4, "kv")
     for e in pool.engines:
-        svc["kv_index"].set_block_size(e.name, BS)
+        svc.kv_index.set_block_size(e.name, BS)
     first, _ = await route(policy, pool, request(rid="a", workflow_id="wf", agent_id="planner"))
     first.engine.load.in_flight += 1  # it is busy with the first request now
     for i in range(3):
@@ -128,8 +131,8 @@ async def test_siblings_follow_the_first_before_any_event_arrives() -> None:
 
 async def test_kv_learns_the_prefill_cost_from_outcomes() -> None:
     pool, policy, svc = make(1, "kv")
-    svc["kv_index"].set_block_size(pool.engines[0].name, BS)
-    predictor: TtftPredictor = svc["ttft_predictor"]
+    svc.kv_index.set_block_size(pool.engines[0].name, BS)
+    predictor: TtftPredictor = svc.costs.predictor
     engine = pool.engines[0]
     for i in range(40):
         req = request(" ".join(f"w{i}x{j}" for j in range(100 + 40 * i)), rid=f"r{i}")
@@ -151,7 +154,7 @@ async def test_failed_or_whole_responses_do_not_teach_the_predictor() -> None:
     whole = RoutingRequest("w", "/v1/completions", {"prompt": "x"}, RequestMetadata())
     _, state2 = await route(policy, pool, whole)
     policy.on_completed(whole, RequestOutcome(engine, 200, 3.0, completion_tokens=50), state2)
-    assert svc["ttft_predictor"].observations(engine.name) == 0
+    assert svc.costs.predictor.observations(engine.name) == 0
 
 
 def test_learning_counts_what_the_engine_prefilled_not_what_the_index_guessed() -> None:
@@ -209,19 +212,19 @@ def test_bad_plugin_parameters_are_config_errors() -> None:
     pool = EnginePool([EngineSpec("http://127.0.0.1:8100")])
     custom = {"p": {"filters": [{"name": "load_guard", "load_factor": 0.5}], "picker": "max_score"}}
     with pytest.raises(ConfigError, match="load_factor"):
-        build_policy("p", PluginContext(pool, {}), custom)
+        build_policy("p", PluginContext(pool), custom)
     custom = {"p": {"scorers": [{"name": "prefix_affinity", "ttl_s": 0}]}}
     with pytest.raises(ConfigError, match="ttl_s"):
-        build_policy("p", PluginContext(pool, {}), custom)
+        build_policy("p", PluginContext(pool), custom)
 
 
 async def test_a_prefill_backlog_sends_the_next_request_elsewhere_until_its_first_token() -> None:
     pool, policy, svc = make(2, "kv")
     for e in pool.engines:
-        svc["kv_index"].set_block_size(e.name, BS)
+        svc.kv_index.set_block_size(e.name, BS)
     holder, other = pool.engines
     tokens = BuiltinTokenizer().encode(PROMPT)
-    cache_on(svc["kv_index"], holder.name, tokens[:128])  # a short cached prefix
+    cache_on(svc.kv_index, holder.name, tokens[:128])  # a short cached prefix
     long_prompt = " ".join(f"fresh{i}" for i in range(3000))  # ~6k uncached tokens
     long_req = request(long_prompt, rid="long")
     state = CycleState()
@@ -251,9 +254,9 @@ async def test_a_prefill_backlog_sends_the_next_request_elsewhere_until_its_firs
 async def test_a_new_context_goes_where_least_was_written_lately_unless_much_slower() -> None:
     pool, policy, svc = make(2, "kv")
     for e in pool.engines:
-        svc["kv_index"].set_block_size(e.name, BS)
+        svc.kv_index.set_block_size(e.name, BS)
     crowded, quiet = pool.engines
-    svc["kv_footprint"].add(crowded.name, 50_000)  # many sessions started there lately
+    svc.costs.footprint.add(crowded.name, 50_000)  # many sessions started there lately
     quiet.load.in_flight = 1  # a little busier this instant: the plain TTFT ranking says crowded
 
     async def decide(rid: str) -> Decision:
@@ -335,8 +338,8 @@ async def test_kv_keeps_the_cached_prefix_unless_staying_would_be_a_tail_ttft() 
     pool, policy, svc = make(2, "kv")
     holder, other = pool.engines
     tokens = BuiltinTokenizer().encode(PROMPT)
-    cache_on(svc["kv_index"], holder.name, tokens[:320])  # most of the prompt
-    svc["kv_index"].set_block_size(other.name, BS)
+    cache_on(svc.kv_index, holder.name, tokens[:320])  # most of the prompt
+    svc.kv_index.set_block_size(other.name, BS)
     holder.load.in_flight = 20  # ~0.4 s of queueing by the default predictor: a tradeoff
     scorer = policy.scorers[0].scorer
     assert isinstance(scorer, KvTtftScorer)
@@ -400,18 +403,23 @@ async def test_two_predicting_scorers_in_one_policy_count_a_request_once() -> No
     one observation, however many plugins see it."""
     custom = {"both": {"scorers": [{"name": "kv_ttft"}, {"name": "workflow_placement"}]}}
     pool = EnginePool([EngineSpec(f"http://127.0.0.1:{8100 + i}") for i in range(2)])
-    svc: dict[str, Any] = {"tokenizer": BuiltinTokenizer(), "kv_index": KvIndex()}
-    policy = build_policy("both", PluginContext(pool, svc), custom)
+    svc = PluginContext(pool, tokenizer=BuiltinTokenizer(), kv_index=KvIndex())
+    plugins = PluginRegistry()
+    workflows = workflow_service(pool)
+    plugins.register(
+        "workflow_placement", lambda ctx, **kw: WorkflowPlacementScorer(ctx, workflows, **kw)
+    )
+    policy = build_policy("both", svc, custom, plugins)
     req = request()
     decision, state = await route(policy, pool, req)
     engine = decision.engine
     n_tokens = len(BuiltinTokenizer().encode(PROMPT))
-    assert svc["prefill_backlog"].of(engine.name) == (n_tokens, 1)
-    assert svc["kv_footprint"].of(engine.name) == pytest.approx(n_tokens, rel=0.01)
+    assert svc.costs.backlog.of(engine.name) == (n_tokens, 1)
+    assert svc.costs.footprint.of(engine.name) == pytest.approx(n_tokens, rel=0.01)
     policy.on_completed(req, RequestOutcome(engine, 200, ttft_s=0.05), state)
-    assert svc["prefill_backlog"].of(engine.name) == (0, 0)
-    assert svc["ttft_predictor"].observations(engine.name) == 1
-    assert len(svc["recent_ttfts"]) == 1
+    assert svc.costs.backlog.of(engine.name) == (0, 0)
+    assert svc.costs.predictor.observations(engine.name) == 1
+    assert len(svc.costs.recent) == 1
 
 
 def test_a_ledger_counts_a_retry_on_another_engine_but_learns_once() -> None:

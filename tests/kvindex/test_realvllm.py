@@ -11,10 +11,10 @@ import pytest
 
 from hiveroute.config import RouterConfig
 from hiveroute.engines.vllm_local import VllmServer, make_tiny_model
-from hiveroute.gateway.server import RunningRouter, start_router
 from hiveroute.kvindex.index import KvIndex
 from hiveroute.kvindex.service import KvEventService
 from hiveroute.kvindex.tokenizer import HFTokenizer, prompt_token_ids
+from hiveroute.server import RunningRouter, start_router
 
 pytestmark = pytest.mark.realvllm
 
@@ -96,9 +96,9 @@ async def test_index_holds_exactly_what_vllm_caches(vllm: VllmServer, model_dir:
     )
     running: RunningRouter = await start_router(config)
     router = running.router
-    index: KvIndex = router.services["kv_index"]
-    events: KvEventService = router.services["kv_events"]
-    tok: HFTokenizer = router.services["tokenizer"]
+    index: KvIndex = router.kv_index
+    events: KvEventService = router.kv_events
+    tok: HFTokenizer = router.tokenizer
     name = router.pool.engines[0].name
     rng = random.Random(5)
     shared = text(rng, 800)

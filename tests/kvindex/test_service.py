@@ -5,10 +5,10 @@ import argparse
 import pytest
 import zmq.asyncio
 
+from hiveroute.assembly import assemble
 from hiveroute.config import RouterConfig, add_config_arguments, load_config
 from hiveroute.engines.engine import EngineSpec
 from hiveroute.errors import ConfigError
-from hiveroute.gateway.router import Router
 from hiveroute.kvindex.index import KvIndex
 from hiveroute.kvindex.tokenizer import BuiltinTokenizer
 from tests.kvindex.zmq_publisher import FakePublisher, stored, wait_until
@@ -26,13 +26,13 @@ async def test_router_subscribes_to_engines_with_events_and_follows_the_pool() -
         kv_index_max_blocks=1000,
         health_interval_s=60,
     ).validate()
-    router = Router(config)
-    assert isinstance(router.services["tokenizer"], BuiltinTokenizer)
-    index: KvIndex = router.services["kv_index"]
+    router = assemble(config)
+    assert isinstance(router.tokenizer, BuiltinTokenizer)
+    index: KvIndex = router.kv_index
     assert index.max_blocks == 1000
     await router.start()
     try:
-        events = router.services["kv_events"]
+        events = router.kv_events
         assert set(events.subscribers) == {"127.0.0.1:9"}
         await pub.wait_subscribed()
         await events.subscribers["127.0.0.1:9"].synced.wait()

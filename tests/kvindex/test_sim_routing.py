@@ -8,8 +8,8 @@ import aiohttp
 import pytest
 
 from hiveroute.config import RouterConfig
-from hiveroute.gateway.server import RunningRouter, start_router
 from hiveroute.kvindex.index import KvIndex
+from hiveroute.server import RunningRouter, start_router
 from hiveroute.sim.config import SimConfig
 from hiveroute.sim.fleet import SimFleet
 
@@ -33,7 +33,7 @@ async def fleet() -> AsyncIterator[SimFleet]:
 async def router(fleet: SimFleet) -> AsyncIterator[RunningRouter]:
     config = RouterConfig(host="127.0.0.1", port=0, engine=fleet.engine_spec_texts(), policy="kv")
     running = await start_router(config.validate())
-    events = running.router.services["kv_events"]
+    events = running.router.kv_events
     for sub in events.subscribers.values():
         await asyncio.wait_for(sub.connected.wait(), 5)
     try:
@@ -72,7 +72,7 @@ async def complete(session: aiohttp.ClientSession, url: str, prompt: str, **meta
 async def test_index_matches_engines_after_routed_traffic(
     fleet: SimFleet, router: RunningRouter
 ) -> None:
-    index: KvIndex = router.router.services["kv_index"]
+    index: KvIndex = router.router.kv_index
     async with aiohttp.ClientSession() as session:
         first, _ = await complete(
             session, router.url, CONTEXT + " plan it", workflow_id="w1", agent_id="planner"
@@ -102,8 +102,8 @@ async def test_index_matches_engines_after_routed_traffic(
 async def test_attribution_counts_what_the_planner_stored(
     fleet: SimFleet, router: RunningRouter
 ) -> None:
-    index: KvIndex = router.router.services["kv_index"]
-    tokenizer = router.router.services["tokenizer"]
+    index: KvIndex = router.router.kv_index
+    tokenizer = router.router.tokenizer
     async with aiohttp.ClientSession() as session:
         engine, _ = await complete(session, router.url, CONTEXT, workflow_id="w", agent_id="plan")
         await settled(index, fleet)
@@ -114,7 +114,7 @@ async def test_attribution_counts_what_the_planner_stored(
 
 
 async def test_engine_restart_is_reflected(fleet: SimFleet, router: RunningRouter) -> None:
-    index: KvIndex = router.router.services["kv_index"]
+    index: KvIndex = router.router.kv_index
     async with aiohttp.ClientSession() as session:
         for i in range(4):
             name, _ = await complete(session, router.url, CONTEXT + f" q{i}")
@@ -127,15 +127,15 @@ async def test_engine_restart_is_reflected(fleet: SimFleet, router: RunningRoute
             await complete(session, router.url, f"after restart {i} " * 30)
         truth = await settled(index, fleet)
         assert all(index.engine_hashes(n) == hashes for n, hashes in truth.items())
-    stats = router.router.services["kv_events"].subscribers[name].stats
+    stats = router.router.kv_events.subscribers[name].stats
     assert stats.events > 0
 
 
 async def test_salted_requests_are_indexed_under_their_salt(
     fleet: SimFleet, router: RunningRouter
 ) -> None:
-    index: KvIndex = router.router.services["kv_index"]
-    tokenizer = router.router.services["tokenizer"]
+    index: KvIndex = router.router.kv_index
+    tokenizer = router.router.tokenizer
     body = {"model": "sim-model", "prompt": CONTEXT, "max_tokens": 2, "cache_salt": "tenant-a"}
     async with (
         aiohttp.ClientSession() as session,

@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from hiveroute.assembly import Router, assemble
 from hiveroute.config import RouterConfig
-from hiveroute.gateway.router import Router
 from tests.support.chromium import Chromium
 from tests.support.fake_engine import FakeEngine
 from tests.support.router_app import serve_router
@@ -40,7 +40,7 @@ async def dashboard_router(
         admin_key=ADMIN,
         api_keys={TENANT: "acme"},
     ).validate()
-    served = await serve_router(Router(config))
+    served = await serve_router(assemble(config))
     try:
         yield served.url, served.router
     finally:

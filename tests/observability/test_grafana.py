@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 import yaml
 
+from hiveroute.assembly import assemble
 from hiveroute.config import RouterConfig
-from hiveroute.gateway.router import Router
 from hiveroute.observability.grafana import dashboard, render
 from hiveroute.observability.metrics import RouterMetrics
 from hiveroute.sim.config import SimConfig
@@ -167,7 +167,7 @@ async def test_every_panel_query_returns_data_from_a_real_prometheus(
         health_interval_s=0.5,
         policy="round_robin",
     ).validate()
-    served = await serve_router(Router(config))
+    served = await serve_router(assemble(config))
     router_target = served.url.removeprefix("http://")
     engine_targets = [e.url.removeprefix("http://") for e in sim_fleet.engines]
     prom = Prometheus({"hiveroute": [router_target], "vllm": engine_targets}, scrape_interval_s=0.5)

@@ -96,6 +96,7 @@ async def test_stream_records_ttft_itl_tokens_and_roles(
 
 async def test_itl_is_the_mean_gap_between_data_events(monkeypatch: pytest.MonkeyPatch) -> None:
     """Six events 10 ms apart: ITL is their span over five gaps, whatever the chunking."""
+    from hiveroute.engines.client import UpstreamAnswer
     from hiveroute.gateway import proxy
 
     times = iter([1.0 + 0.01 * i for i in range(1, 10)])
@@ -126,7 +127,7 @@ async def test_itl_is_the_mean_gap_between_data_events(monkeypatch: pytest.Monke
         async def write_eof(self) -> None:
             pass
 
-    answer = proxy.UpstreamAnswer(
+    answer = UpstreamAnswer(
         engine=None,  # type: ignore[arg-type]
         response=Upstream(),  # type: ignore[arg-type]
         first_chunk=b"data: {}\n\n",

@@ -8,10 +8,10 @@ import aiohttp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from hiveroute.assembly import assemble
 from hiveroute.config import RouterConfig
-from hiveroute.gateway.router import Router
-from hiveroute.gateway.server import RunningRouter, start_router
 from hiveroute.observability.tracing import Tracing, build_tracing, otlp_traces_url
+from hiveroute.server import RunningRouter, start_router
 from tests.support.fake_engine import FakeEngine
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -22,7 +22,7 @@ async def traced_router(engines: list[FakeEngine]) -> tuple[RunningRouter, InMem
     config = RouterConfig(
         engine=[e.url for e in engines], host="127.0.0.1", port=0, health_interval_s=0.2
     ).validate()
-    router = Router(config)
+    router = assemble(config)
     assert router.tracing is None  # off by default
     exporter = InMemorySpanExporter()
     router.tracing = Tracing.with_exporter(exporter, batch=False)

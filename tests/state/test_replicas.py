@@ -12,8 +12,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from hiveroute.gateway.server import RunningRouter
-from hiveroute.workflows.service import get_workflow_service
+from hiveroute.server import RunningRouter
 from tests.conftest import RouterFactory
 from tests.support.fake_engine import FakeEngine
 from tests.support.services import RedisServer
@@ -49,7 +48,7 @@ async def ask(http: aiohttp.ClientSession, router: RunningRouter, workflow: str,
         assert resp.status == 200, await resp.text()
         await resp.read()
         engine = resp.headers["X-Hiveroute-Engine"]
-    service = get_workflow_service(router.router.services)
+    service = router.router.workflows
     assert service is not None
     await service.flush()  # its bookkeeping is in the store before the next replica reads
     return engine
@@ -208,7 +207,7 @@ async def test_a_partitioned_replica_adopts_the_home_chosen_elsewhere(
         assert await start_on(http, a, "w", held_out=[mid, top]) == low
         assert await ask(http, b, "w", "executor") == top  # b alone: its own choice, served
         proxy.set_mode("open")
-        store = b.router.services["state_store"]
+        store = b.router.state_store
         for _ in range(200):
             if store.up:
                 break

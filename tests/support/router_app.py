@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from hiveroute.gateway.app import build_app
-from hiveroute.gateway.router import Router
+from hiveroute.assembly import Router
 
 
 @dataclass
@@ -22,7 +21,7 @@ class ServedRouter:
 
 async def serve_router(router: Router) -> ServedRouter:
     """Serve `router` (its workflow API included) on 127.0.0.1 and a free port."""
-    runner = web.AppRunner(build_app(router), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

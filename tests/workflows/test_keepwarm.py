@@ -77,7 +77,7 @@ async def test_idle_prefix_is_touched_within_budget_and_stops_when_ended(
         keep_warm_idle_s=0,
         keep_warm_max_rps=0.001,  # a bucket of one request
     )
-    service: WorkflowService = r.router.services["workflows"]
+    service: WorkflowService = r.router.workflows
     for wf in ("w1", "w2"):
         for agent in ("planner", "executor"):
             async with http.post(f"{r.url}/v1/chat/completions", json=body(wf, agent)) as resp:
@@ -106,7 +106,7 @@ async def test_busy_or_recent_workflows_are_not_touched(
     r = await router_factory(
         [engine.url], policy="workflow", keep_warm_interval_s=3600, keep_warm_idle_s=3600
     )
-    service: WorkflowService = r.router.services["workflows"]
+    service: WorkflowService = r.router.workflows
     async with http.post(f"{r.url}/v1/chat/completions", json=body("w", "a")) as resp:
         assert resp.status == 200
     assert service.keep_warm.round() == 0  # used just now
@@ -129,7 +129,7 @@ async def test_other_policies_never_trigger_keep_warm(
     )
     async with http.post(f"{r.url}/v1/chat/completions", json=body("w", "a")) as resp:
         assert resp.status == 200
-    assert r.router.services["workflows"].keep_warm.round() == 0
+    assert r.router.workflows.keep_warm.round() == 0
 
 
 async def test_retention_hint_when_the_engine_takes_one_and_release_at_end(
@@ -141,7 +141,7 @@ async def test_retention_hint_when_the_engine_takes_one_and_release_at_end(
         r = await router_factory(
             [engine.url], policy="workflow", keep_warm_interval_s=3600, keep_warm_idle_s=0
         )
-        service: WorkflowService = r.router.services["workflows"]
+        service: WorkflowService = r.router.workflows
         keep = service.keep_warm
         async with http.post(f"{r.url}/v1/chat/completions", json=body("w", "a")) as resp:
             assert resp.status == 200
@@ -168,7 +168,7 @@ async def test_engine_without_hint_gets_a_one_token_request(
     r = await router_factory(
         [engine.url], policy="workflow", keep_warm_interval_s=3600, keep_warm_idle_s=0
     )
-    keep = r.router.services["workflows"].keep_warm
+    keep = r.router.workflows.keep_warm
     async with http.post(f"{r.url}/v1/chat/completions", json=body("w", "a")) as resp:
         assert resp.status == 200
     assert keep.round() == 1
@@ -183,10 +183,10 @@ async def test_no_keep_warm_after_long_idleness(
     r = await router_factory(
         [engine.url], policy="workflow", keep_warm_interval_s=3600, keep_warm_idle_s=0
     )
-    keep = r.router.services["workflows"].keep_warm
+    keep = r.router.workflows.keep_warm
     async with http.post(f"{r.url}/v1/chat/completions", json=body("w", "a")) as resp:
         assert resp.status == 200
-    view = r.router.services["workflows"].registry.cached_view("w")
+    view = r.router.workflows.registry.cached_view("w")
     assert view is not None
     last = max(view.last_used.values())
     assert keep.round(now=last + keep.max_idle_s + 1) == 0  # idle for too long: let go
@@ -203,7 +203,7 @@ async def test_under_pressure_a_touch_replaces_the_pin(
         r = await router_factory(
             [engine.url], policy="workflow", keep_warm_interval_s=3600, keep_warm_idle_s=0
         )
-        keep = r.router.services["workflows"].keep_warm
+        keep = r.router.workflows.keep_warm
         async with http.post(f"{r.url}/v1/chat/completions", json=body("w", "a")) as resp:
             assert resp.status == 200
         load = r.router.pool.engines[0].load
@@ -211,7 +211,7 @@ async def test_under_pressure_a_touch_replaces_the_pin(
         assert keep.round() == 1
         await keep.drain()
         assert not engine.retains and len(warm_requests(engine)) == 1
-        view = r.router.services["workflows"].registry.cached_view("w")
+        view = r.router.workflows.registry.cached_view("w")
         assert view is not None
         load.kv_usage = 0.2
         view.warmed_at.clear()

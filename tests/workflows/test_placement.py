@@ -4,13 +4,12 @@ from typing import Any
 
 import pytest
 
+from hiveroute.assembly import Router, assemble
 from hiveroute.config import RouterConfig
 from hiveroute.engines.engine import Engine, EngineSpec
-from hiveroute.gateway.router import Router
 from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, RoutingRequest
-from hiveroute.routing.footprint import kv_footprint
 from hiveroute.workflows.model import WorkflowSettings
 from hiveroute.workflows.placement import WorkflowPlacementScorer, best_home, homed_load
 from hiveroute.workflows.registry import WorkflowView
@@ -26,11 +25,10 @@ def make_router(n: int = 4, **params: Any) -> tuple[Router, WorkflowService]:
         policy="workflow",
         policies={"workflow": spec},
     ).validate()
-    router = Router(config)
-    backlog: PrefillBacklog = router.services["prefill_backlog"]
+    router = assemble(config)
+    backlog: PrefillBacklog = router.costs.backlog
     backlog.clock = lambda: 0.0  # stopped: a backlog must not drain while a slow machine runs
-    service: WorkflowService = router.services["workflows"]
-    service.router = router
+    service: WorkflowService = router.workflows
     return router, service
 
 
@@ -44,7 +42,7 @@ def request(workflow: str | None, agent: str, rid: str) -> RoutingRequest:
 
 
 async def route(router: Router, req: RoutingRequest) -> tuple[str, str]:
-    for hook in router.request_hooks:
+    for hook in router.pipeline.hooks:
         await hook.before_route(req)
     state = CycleState()
     await router.policy.prepare(req, state)
@@ -175,7 +173,7 @@ async def test_placement_reads_what_the_kv_index_says_each_engine_holds() -> Non
     await router.policy.prepare(req, state)
     tokens = state[TOKEN_IDS_KEY]
     assert tokens and len(tokens) > 1000
-    index = router.services["kv_index"]
+    index = router.kv_index
     size = 16
     count = len(tokens) // size
     hashes = [hash(k) for k in block_keys(tokens, size)][:count]
@@ -232,7 +230,7 @@ def test_homed_load_weighs_workflows_by_context_size_and_fades_when_idle() -> No
 
 async def test_a_request_is_tokenized_once_for_routing_and_accounting() -> None:
     router, service = make_router(n=2)
-    tokenizer = router.services["tokenizer"]
+    tokenizer = router.tokenizer
     calls: list[str] = []
     original = tokenizer.apply_chat_template
 
@@ -254,7 +252,7 @@ async def test_a_request_is_tokenized_once_for_routing_and_accounting() -> None:
 async def test_a_request_without_workflow_starting_a_new_context_balances_kv_writes() -> None:
     router, _ = make_router(n=2)
     crowded, quiet = router.pool.engines
-    kv_footprint(router.services).add(crowded.name, 50_000)
+    router.costs.footprint.add(crowded.name, 50_000)
     quiet.load.in_flight = 1  # a little busier this instant
     engine, reason = await route(router, request(None, "chat", "r1"))
     assert (engine, reason) == (quiet.name, "workflow_none")
@@ -270,7 +268,7 @@ async def test_a_backlog_counts_as_drained_at_the_engines_prefill_rate(drain: bo
     one. Without draining, it still counts every token sent."""
     router, _ = make_router(n=2, drain_backlog=drain)
     now = [1000.0]
-    backlog: PrefillBacklog = router.services["prefill_backlog"]
+    backlog: PrefillBacklog = router.costs.backlog
     backlog.clock = lambda: now[0]
     a, b = router.pool.engines
     await send_huge_prompt(router, a)

@@ -10,10 +10,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from hiveroute.assembly import Router, assemble
 from hiveroute.config import RouterConfig
-from hiveroute.engines.pool import EnginePool
-from hiveroute.gateway.app import build_app
-from hiveroute.gateway.router import Router
 
 log = logging.getLogger("hiveroute.server")
 
@@ -34,12 +32,10 @@ class RunningRouter:
         await self.runner.cleanup()
 
 
-async def start_router(
-    config: RouterConfig, *, pool: EnginePool | None = None, router: Router | None = None
-) -> RunningRouter:
+async def start_router(config: RouterConfig, *, router: Router | None = None) -> RunningRouter:
     """Start a router on config.host:config.port (port 0 picks a free one)."""
-    router = router or Router(config, pool=pool)
-    app = build_app(router)
+    router = router or assemble(config)
+    app = router.app()
     # handler_cancellation: a client that disconnects cancels its handler, which closes the
     # upstream connection, which makes the engine abort the request.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

@@ -7,7 +7,7 @@ import argparse
 from hiveroute import runtime
 from hiveroute.config import RouterConfig, add_config_arguments, load_config
 from hiveroute.gateway.access_log import configure_logging
-from hiveroute.gateway.server import serve
+from hiveroute.server import serve
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

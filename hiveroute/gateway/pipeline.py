@@ -1,0 +1,336 @@
+"""RequestPipeline: one request from parsed to finished, in the shape of llm-d's Director.
+
+The handler does HTTP only (read, parse, metadata) and hands the pipeline a way to parse; the
+pipeline admits the request, runs the request hooks, prepares the policy, then for each attempt
+takes the candidate engines once, chooses, sends (retrying once elsewhere when an engine cannot
+be reached) and relays the answer. Whatever happens (an answer, a refusal, no engine, a filter
+that empties the candidates, a failed `prepare`, a client that goes away), one `finally`
+finishes the request: the policy hears how it went, every hook that saw it gets
+`after_complete`, the metrics are counted, the span ends and one access-log line is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from hiveroute.engines.client import EngineClient, EngineUnreachable, UpstreamAnswer
+from hiveroute.engines.pool import EnginePool
+from hiveroute.errors import HiverouteError, NoEngineAvailable, NotFound, TooManyRequests
+from hiveroute.gateway.access_log import log_request
+from hiveroute.gateway.admission import AdmissionController
+from hiveroute.gateway.proxy import RelayResult, relay_stream, relay_whole, upstream_headers
+from hiveroute.gateway.request_ids import NO_ENGINE, endpoint_label, mark_finished, status_class
+from hiveroute.gateway.usage import Usage
+from hiveroute.observability.metrics import RouterMetrics
+from hiveroute.observability.tracing import RequestSpan
+from hiveroute.routing.base import CycleState, Decision, RequestOutcome, RoutingRequest
+from hiveroute.routing.policy import Policy
+
+
+class RequestHook(Protocol):
+    """Sees every request before routing and after it ends, whatever its end.
+
+    `before_route` may replace `request.body` (a new dict, never mutated in place) to rewrite
+    what the engine receives, or raise a HiverouteError to refuse the request. `after_complete`
+    runs for every request whose `before_route` was called, refused ones included (their
+    outcome has no engine).
+    """
+
+    async def before_route(self, request: RoutingRequest) -> None: ...
+
+    def after_complete(self, request: RoutingRequest, outcome: RequestOutcome) -> None: ...
+
+
+@dataclass
+class Inbound:
+    """A parsed request as the handler hands it over. `raw`: the body's bytes, if the parsed
+    body is still exactly what they say (then they are forwarded byte for byte)."""
+
+    request: RoutingRequest
+    raw: bytes | None = None
+
+
+Parse = Callable[[], Awaitable[Inbound]]
+
+
+@dataclass
+class Exchange:
+    """One request's progress through the pipeline: what the one `finally` needs to finish it."""
+
+    request_id: str
+    path: str
+    started: float
+    span: RequestSpan | None
+    request: RoutingRequest | None = None
+    hooked: list[RequestHook] = field(default_factory=list)
+    state: CycleState = field(default_factory=CycleState)
+    decision: Decision | None = None
+    result: RelayResult | None = None
+    status: int = 500
+    error: str | None = None
+
+    def fail(self, status: int, message: str) -> None:
+        self.status, self.error = status, message
+
+
+def with_usage_requested(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The body asking the engine for a streamed usage chunk, or None if it already asks.
+
+    The router needs every request's usage (access log, hit rates, token counters); a client
+    that did not ask for the chunk has it dropped from its stream (see relay_stream)."""
+    options = body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return None
+    kept = options if isinstance(options, dict) else {}
+    return {**body, "stream_options": {**kept, "include_usage": True}}
+
+
+class RequestPipeline:
+    """Runs a parsed request through hooks, policy, engines and relay, and finishes it."""
+
+    def __init__(
+        self,
+        *,
+        pool: EnginePool,
+        client: EngineClient,
+        policy: Policy,
+        metrics: RouterMetrics,
+        admission: AdmissionController,
+        hooks: Sequence[RequestHook] = (),
+        retries: int = 1,
+        forward_authorization: bool = True,
+    ) -> None:
+        self.pool = pool
+        self.client = client
+        self.policy = policy
+        self.metrics = metrics
+        self.admission = admission
+        self.hooks: list[RequestHook] = list(hooks)
+        self.retries = retries
+        self.forward_authorization = forward_authorization
+
+    async def serve(
+        self, http: web.Request, request_id: str, span: RequestSpan | None, parse: Parse
+    ) -> web.StreamResponse:
+        """Admit, parse, route and relay one request; finish it however it ends."""
+        ex = Exchange(request_id, http.path, time.perf_counter(), span)
+        try:
+            async with self.admission.admit():
+                inbound = await parse()
+                ex.request = inbound.request
+                return await self._route(http, ex, inbound)
+        except TooManyRequests as exc:
+            self.metrics.rejected.labels("overloaded").inc()
+            ex.fail(exc.status, exc.message)
+            raise
+        except HiverouteError as exc:
+            ex.fail(exc.status, exc.message)
+            raise
+        except (ConnectionResetError, asyncio.CancelledError):
+            ex.fail(499, "client disconnected")
+            raise
+        except Exception as exc:
+            ex.fail(500, f"internal error: {type(exc).__name__}")
+            raise
+        finally:
+            mark_finished(http)
+            self._finish(ex)
+
+    async def _route(self, http: web.Request, ex: Exchange, inbound: Inbound) -> web.StreamResponse:
+        request = inbound.request
+        original = request.body
+        model = request.model
+        if ex.span is not None:
+            ex.span.set_request(ex.request_id, model, request.metadata)
+        if model is not None and not self.pool.any_serves(model):
+            raise NotFound(
+                f"model {model!r} is not served by any engine; GET /v1/models lists the models",
+                param="model",
+                code="model_not_found",
+            )
+        for hook in self.hooks:
+            ex.hooked.append(hook)
+            await hook.before_route(request)
+        stream = bool(request.body.get("stream"))
+        upstream_body = with_usage_requested(request.body) if stream else None
+        if upstream_body is None and inbound.raw is not None and request.body is original:
+            payload = inbound.raw
+        else:
+            payload = json.dumps(upstream_body or request.body).encode()
+        headers = upstream_headers(
+            http, ex.request_id, forward_authorization=self.forward_authorization
+        )
+        if ex.span is not None:
+            ex.span.inject(headers)
+        policy = self.policy
+        await policy.prepare(request, ex.state)
+        answer = await self._send(ex, request, payload, headers, stream=stream)
+        engine = answer.engine
+        extra = {
+            "X-Request-Id": ex.request_id,
+            "X-Hiveroute-Engine": engine.name,
+            "X-Hiveroute-Policy": policy.name,
+        }
+        result = ex.result = RelayResult(status=499, error="client disconnected")
+        response: web.StreamResponse | None = None
+        try:
+            if answer.is_stream:
+                response, result = await relay_stream(
+                    http, answer, extra, ex.started, drop_usage=upstream_body is not None
+                )
+            else:
+                response, result = await relay_whole(answer, extra, ex.started)
+            ex.result = result
+        except (ConnectionResetError, OSError) as exc:  # the client went away mid-relay
+            result.error = f"client disconnected: {type(exc).__name__}"
+            answer.response.close()
+        finally:
+            engine.load.in_flight -= 1
+        if response is None:
+            raise ConnectionResetError("client disconnected")
+        if result.error is not None and result.status < 400:
+            self.pool.report_failure(engine, result.error)
+        return response
+
+    async def _send(
+        self,
+        ex: Exchange,
+        request: RoutingRequest,
+        payload: bytes,
+        headers: dict[str, str],
+        *,
+        stream: bool,
+    ) -> UpstreamAnswer:
+        """Choose and send, once more elsewhere if the engine cannot be reached. The engine
+        that answered stays counted in flight (the caller uncounts it after the relay)."""
+        policy, metrics = self.policy, self.metrics
+        tried: set[str] = set()
+        last_error = "no healthy engine"
+        for attempt in range(self.retries + 1):
+            ex.decision = None  # a filter that empties the candidates leaves no decision
+            candidates = [e for e in self.pool.candidates(request.model) if e.name not in tried]
+            if not candidates:
+                break
+            decision = ex.decision = policy.choose(request, candidates, ex.state)
+            engine = decision.engine
+            tried.add(engine.name)
+            if attempt == 0:
+                metrics.overhead.labels(policy.name).observe(time.perf_counter() - ex.started)
+            metrics.decisions.labels(policy.name, decision.reason).inc()
+            if ex.span is not None:
+                ex.span.set_routed(engine.name, policy.name, decision.reason, attempt)
+            policy.on_routed(request, engine, ex.state)
+            engine.load.in_flight += 1
+            try:
+                answer = await self.client.send(
+                    engine, request.path, payload, headers, stream=stream
+                )
+            except EngineUnreachable as exc:
+                engine.load.in_flight -= 1
+                last_error = str(exc)
+                self.pool.report_failure(engine, last_error, slow=exc.slow)
+                metrics.retries.labels(engine.name).inc()
+                policy.on_completed(
+                    request, RequestOutcome(engine=engine, status=502, error=last_error), ex.state
+                )
+                continue
+            except BaseException:  # cancelled while waiting: nothing may stay counted
+                engine.load.in_flight -= 1
+                raise
+            if answer.is_stream:  # a stream's first chunk is its first token: prefill is over
+                policy.on_first_token(request, engine, ex.state)
+            return answer
+        ex.decision = None  # every engine tried has heard its own failure already
+        self.metrics.rejected.labels("no_engine").inc()
+        raise NoEngineAvailable(
+            f"no engine could serve this request ({last_error}); try again shortly"
+        )
+
+    def _finish(self, ex: Exchange) -> None:
+        """The one end of every request: policy, hooks, metrics, span and log line."""
+        duration = time.perf_counter() - ex.started
+        result = ex.result
+        if result is not None:
+            ex.status, ex.error = result.status, result.error
+        usage = result.usage if result is not None else None
+        engine = ex.decision.engine if ex.decision is not None else None
+        outcome = RequestOutcome(
+            engine=engine,
+            status=ex.status,
+            ttft_s=result.ttft_s if result is not None else None,
+            duration_s=duration,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            cached_tokens=usage.cached_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+            error=ex.error,
+        )
+        request = ex.request
+        if request is not None:
+            if ex.decision is not None:
+                self.policy.on_completed(request, outcome, ex.state)
+            for hook in ex.hooked:
+                hook.after_complete(request, outcome)
+        self._count(ex, outcome, result, usage)
+        stream = bool(request.body.get("stream")) if request is not None else False
+        if ex.span is not None:
+            ex.span.set_outcome(outcome, stream)
+            ex.span.end()
+        fields: dict[str, Any] = {"request_id": ex.request_id, "path": ex.path}
+        if request is not None:
+            fields["model"] = request.model
+            fields.update(request.metadata.to_log())
+        log_request(
+            {
+                **fields,
+                "engine": engine.name if engine is not None else None,
+                "policy": self.policy.name,
+                "reason": ex.decision.reason if ex.decision is not None else None,
+                "status": ex.status,
+                "stream": stream,
+                "ttft_ms": _ms(outcome.ttft_s),
+                "itl_ms": _ms(result.itl_s if result is not None else None),
+                "duration_ms": round(duration * 1000, 3),
+                "prompt_tokens": outcome.prompt_tokens,
+                "cached_tokens": outcome.cached_tokens,
+                "completion_tokens": outcome.completion_tokens,
+                "error": ex.error,
+            }
+        )
+
+    def _count(
+        self, ex: Exchange, outcome: RequestOutcome, result: RelayResult | None, usage: Usage | None
+    ) -> None:
+        metrics, policy = self.metrics, self.policy.name
+        name = outcome.engine.name if outcome.engine is not None else NO_ENGINE
+        metrics.requests.labels(
+            name, policy, endpoint_label(ex.path), status_class(ex.status)
+        ).inc()
+        role = metrics.role_label(ex.request.metadata.agent_role if ex.request else None)
+        metrics.agent_requests.labels(role).inc()
+        if outcome.engine is None:
+            return
+        if outcome.ttft_s is not None and ex.status < 400:
+            metrics.ttft.labels(name, policy).observe(outcome.ttft_s)
+            metrics.agent_ttft.labels(role).observe(outcome.ttft_s)
+        metrics.e2e.labels(name, policy).observe(outcome.duration_s)
+        if result is not None and result.itl_s is not None:
+            metrics.itl.labels(name, policy).observe(result.itl_s)
+        if usage is not None and usage.prompt_tokens is not None:
+            metrics.prompt_tokens.labels(name).inc(usage.prompt_tokens)
+            metrics.agent_prompt_tokens.labels(role).inc(usage.prompt_tokens)
+            if usage.cached_tokens:
+                metrics.cached_tokens.labels(name).inc(usage.cached_tokens)
+                metrics.agent_cached_tokens.labels(role).inc(usage.cached_tokens)
+        if usage is not None and usage.completion_tokens:
+            metrics.completion_tokens.labels(name).inc(usage.completion_tokens)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return round(seconds * 1000, 3) if seconds is not None else None

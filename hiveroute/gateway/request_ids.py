@@ -1,0 +1,80 @@
+"""Every response carries X-Request-Id (the client's if it sent one), is logged and counted.
+
+Completions are finished by the RequestPipeline (one log line, one count, with engine and
+usage); any other response under /v1/ (the model list, the control API, and refusals that never
+reached a handler: 403, 404, 405) is logged and counted here, with engine "none".
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from hiveroute.gateway.access_log import log_request
+from hiveroute.observability.metrics import RouterMetrics
+
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
+FINISHED: web.RequestKey[bool] = web.RequestKey("finished", bool)  # logged and counted already
+NO_ENGINE = "none"
+
+
+def request_id_of(request: web.Request) -> str:
+    """The request's id: the client's X-Request-Id, else one made up now (once per request)."""
+    found = request.get(REQUEST_ID)
+    if found is None:
+        found = request.headers.get("X-Request-Id") or f"hr-{uuid.uuid4().hex}"
+        request[REQUEST_ID] = found
+    return found
+
+
+def mark_finished(request: web.Request) -> None:
+    request[FINISHED] = True
+
+
+def status_class(status: int) -> str:
+    return f"{status // 100}xx"
+
+
+def endpoint_label(path: str) -> str:
+    """The bounded `endpoint` label of a path (never the path itself)."""
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/completions"):
+        return "completions"
+    parts = path.strip("/").split("/")
+    known = {"models", "workflows", "contexts"}
+    return parts[1] if len(parts) > 1 and parts[0] == "v1" and parts[1] in known else "other"
+
+
+def request_ids(metrics: RouterMetrics, policy: str) -> Middleware:
+    """The outermost middleware: the header on every response, a log line and a count."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        request_id = request_id_of(request)
+        response = await handler(request)  # errors_as_json, inside, turns errors into answers
+        if not response.prepared:
+            response.headers["X-Request-Id"] = request_id
+        if request.get(FINISHED) or not request.path.startswith("/v1/"):
+            return response
+        status = response.status
+        endpoint = endpoint_label(request.path)
+        metrics.requests.labels(NO_ENGINE, policy, endpoint, status_class(status)).inc()
+        log_request(
+            {
+                "request_id": request_id,
+                "method": request.method,
+                "path": request.path,
+                "engine": None,
+                "policy": policy,
+                "status": status,
+                "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+            }
+        )
+        return response
+
+    return middleware
