@@ -280,7 +280,10 @@ class RequestPipeline:
         self._count(ex, outcome, result, usage)
         stream = bool(request.body.get("stream")) if request is not None else False
         if ex.span is not None:
-            ex.span.set_outcome(outcome, stream)
+            if result is None:  # refused: a client's mistake is not marked as a failure
+                ex.span.fail(ex.status, ex.error or "")
+            else:
+                ex.span.set_outcome(outcome, stream)
             ex.span.end()
         fields: dict[str, Any] = {"request_id": ex.request_id, "path": ex.path}
         if request is not None:
