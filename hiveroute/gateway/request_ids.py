@@ -1,8 +1,9 @@
 """Every response carries X-Request-Id (the client's if it sent one), is logged and counted.
 
 Completions are finished by the RequestPipeline (one log line, one count, with engine and
-usage); any other response under /v1/ (the model list, the control API, and refusals that never
-reached a handler: 403, 404, 405) is logged and counted here, with engine "none".
+usage); any other response under /v1/ (the model list, the control API) and any error elsewhere
+(403 on the dashboard, 404 for no route, 405) is logged and counted here, with engine "none".
+/health and /metrics, polled by probes and scrapers, only get the header.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hiveroute.observability.metrics import RouterMetrics
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
 FINISHED: web.RequestKey[bool] = web.RequestKey("finished", bool)  # logged and counted already
 NO_ENGINE = "none"
+UNCOUNTED_PATHS = frozenset({"/health", "/metrics"})  # polled by probes and scrapers
 
 
 def request_id_of(request: web.Request) -> str:
@@ -59,9 +61,11 @@ def request_ids(metrics: RouterMetrics, policy: str) -> Middleware:
         response = await handler(request)  # errors_as_json, inside, turns errors into answers
         if not response.prepared:
             response.headers["X-Request-Id"] = request_id
-        if request.get(FINISHED) or not request.path.startswith("/v1/"):
-            return response
         status = response.status
+        if request.get(FINISHED) or request.path in UNCOUNTED_PATHS:
+            return response
+        if status < 400 and not request.path.startswith("/v1/"):
+            return response  # the dashboard's page and data: not API requests
         endpoint = endpoint_label(request.path)
         metrics.requests.labels(NO_ENGINE, policy, endpoint, status_class(status)).inc()
         log_request(

@@ -35,6 +35,8 @@ class FakeEngineBehaviour:
     running: int = 0
     waiting: int = 0
     usage_for: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # request -> usage
+    # as vLLM's --api-key: every endpoint but /health answers 401 without this bearer key
+    api_key: str | None = None
 
 
 class FakeEngine:
@@ -44,6 +46,7 @@ class FakeEngine:
         self.received: list[dict[str, Any]] = []
         self.received_raw: list[bytes] = []
         self.received_headers: list[CIMultiDict[str]] = []
+        self.calls: list[tuple[str, str, str | None]] = []  # (method, path, Authorization)
         self.release = asyncio.Event()
         self.stream_closed_by_client = asyncio.Event()
         self.chunks_sent = 0
@@ -57,7 +60,7 @@ class FakeEngine:
         return f"http://127.0.0.1:{self.port}"
 
     async def start(self, port: int = 0) -> FakeEngine:
-        app = web.Application()
+        app = web.Application(middlewares=[self._check_key])
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_post("/v1/chat/completions", self._completion)
         app.router.add_get("/v1/models", self._models)
@@ -74,6 +77,18 @@ class FakeEngine:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    @web.middleware
+    async def _check_key(
+        self, request: web.Request, handler: Callable[[web.Request], Any]
+    ) -> web.StreamResponse:
+        auth = request.headers.get("Authorization")
+        self.calls.append((request.method, request.path, auth))
+        key = self.behaviour.api_key
+        if key is not None and request.path != "/health" and auth != f"Bearer {key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
 
     async def _models(self, request: web.Request) -> web.Response:
         data = [{"id": m, "object": "model", "owned_by": "fake"} for m in self.behaviour.models]
@@ -166,8 +181,11 @@ class FakeEngine:
                     assert request.transport is not None
                     request.transport.close()
                     return response
-            final = {"id": "cmpl-1", "object": "text_completion", "choices": [], "usage": usage}
-            await response.write(_event(final) + b"data: [DONE]\n\n")
+            options = body.get("stream_options")
+            if isinstance(options, dict) and options.get("include_usage"):  # as vLLM
+                final = {"id": "cmpl-1", "object": "text_completion", "choices": [], "usage": usage}
+                await response.write(_event(final))
+            await response.write(b"data: [DONE]\n\n")
         except (asyncio.CancelledError, ConnectionResetError):
             self.stream_closed_by_client.set()
             raise

@@ -1,0 +1,92 @@
+"""A streamed request is accounted for whether or not its client asked for usage.
+
+The router asks the engine for the usage chunk (`stream_options.include_usage`) and, when the
+client did not ask, reads it and drops it from the client's stream: the access log, the token
+counters and the dashboard count every streamed request. Both relayed APIs are covered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import RouterFactory
+from tests.support.fake_engine import FakeEngine
+
+BODIES = {
+    "/v1/completions": {"model": "m", "prompt": "p", "max_tokens": 3},
+    "/v1/chat/completions": {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+    },
+}
+
+
+def events(raw: bytes) -> list[Any]:
+    found = []
+    for block in raw.decode().split("\n\n"):
+        if block.startswith("data: ") and block != "data: [DONE]":
+            found.append(json.loads(block[6:]))
+    return found
+
+
+def counter(text: str, name: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")
+    )
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+@pytest.mark.parametrize("client_asks", [False, True])
+async def test_streamed_usage_is_counted_and_only_shown_when_asked(
+    path: str,
+    client_asks: bool,
+    fake_engines: list[FakeEngine],
+    router_factory: RouterFactory,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="hiveroute.access")
+    engine = fake_engines[0]
+    r = await router_factory([engine.url])
+    body: dict[str, Any] = {**BODIES[path], "stream": True}
+    if client_asks:
+        body["stream_options"] = {"include_usage": True}
+    async with http.post(f"{r.url}{path}", json=body, headers={"X-Request-Id": "s-1"}) as resp:
+        assert resp.status == 200
+        raw = await resp.read()
+    assert raw.endswith(b"data: [DONE]\n\n")
+    received = events(raw)
+    usage_chunks = [e for e in received if e.get("usage")]
+    assert len(usage_chunks) == (1 if client_asks else 0)
+    assert len([e for e in received if e["choices"]]) == 3  # every content chunk got through
+    assert engine.received[-1]["stream_options"]["include_usage"] is True
+
+    [line] = [
+        rec.fields
+        for rec in caplog.records
+        if rec.name == "hiveroute.access" and getattr(rec, "fields", {}).get("request_id") == "s-1"
+    ]
+    assert (line["prompt_tokens"], line["cached_tokens"]) == (10, 4)
+    text = await (await http.get(f"{r.url}/metrics")).text()
+    assert counter(text, "hiveroute_prompt_tokens_total") == 10
+    assert counter(text, "hiveroute_cached_tokens_total") == 4
+    async with http.get(f"{r.url}/dashboard/api/overview") as resp:
+        totals = (await resp.json())["totals"]
+    assert (totals["prompt_tokens"], totals["cached_tokens"]) == (10, 4)
+
+
+async def test_other_stream_options_are_kept(
+    fake_engines: list[FakeEngine], router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    engine = fake_engines[0]
+    r = await router_factory([engine.url])
+    body = {"model": "m", "prompt": "p", "stream": True, "stream_options": {"x_flag": 1}}
+    async with http.post(f"{r.url}/v1/completions", json=body) as resp:
+        await resp.read()
+    assert engine.received[-1]["stream_options"] == {"x_flag": 1, "include_usage": True}
