@@ -16,6 +16,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,7 +24,74 @@ from urllib.parse import urlsplit
 import yaml
 
 from hiveroute.errors import ConfigError
-from hiveroute.observability.metrics import DEFAULT_ROLES, MAX_ROLES
+
+# Agent roles seen in practice; any other role is counted as "other", a missing one as "none".
+DEFAULT_ROLES = (
+    "planner",
+    "executor",
+    "worker",
+    "researcher",
+    "coder",
+    "tool",
+    "critic",
+    "reviewer",
+    "validator",
+    "summarizer",
+    "orchestrator",
+)
+MAX_ROLES = 64
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How to reach one engine: its HTTP base URL and, optionally, its KV-event endpoints."""
+
+    url: str
+    events: str | None = None
+    replay: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> EngineSpec:
+        """Parse ``URL[,events=tcp://H:P][,replay=tcp://H:P]`` as given to ``--engine``."""
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts:
+            raise ConfigError("empty --engine value; expected URL[,events=tcp://HOST:PORT]")
+        url = parts[0].rstrip("/")
+        split = urlsplit(url)
+        if split.scheme not in ("http", "https") or not split.hostname:
+            raise ConfigError(f"engine URL {url!r} must look like http://HOST:PORT")
+        options: dict[str, str] = {}
+        for part in parts[1:]:
+            key, sep, value = part.partition("=")
+            if not sep or key not in ("events", "replay"):
+                raise ConfigError(
+                    f"unknown engine option {part!r} in {text!r}; use events=tcp://HOST:PORT "
+                    "or replay=tcp://HOST:PORT"
+                )
+            if not value.startswith("tcp://"):
+                raise ConfigError(f"engine option {key} must be a tcp:// endpoint, got {value!r}")
+            options[key] = value
+        return cls(url=url, events=options.get("events"), replay=options.get("replay"))
+
+    @cached_property
+    def name(self) -> str:
+        """A short stable name (``host:port``), used as the ``engine`` metric label."""
+        split = urlsplit(self.url)
+        port = split.port or (443 if split.scheme == "https" else 80)
+        return f"{split.hostname}:{port}"
+
+
+def otlp_traces_url(endpoint: str) -> str:
+    """Accept a collector's base URL (``http://host:4318``) or its full traces URL."""
+    split = urlsplit(endpoint)
+    if split.scheme not in ("http", "https") or not split.hostname:
+        raise ConfigError(
+            f"otlp_endpoint {endpoint!r} must be an http(s) URL such as http://localhost:4318"
+        )
+    if split.path in ("", "/"):
+        return endpoint.rstrip("/") + "/v1/traces"
+    return endpoint
+
 
 ENV_PREFIX = "HIVEROUTE_"
 
@@ -182,9 +250,7 @@ class RouterConfig:
         return keys
 
     @property
-    def engine_specs(self) -> list[Any]:
-        from hiveroute.engines.engine import EngineSpec
-
+    def engine_specs(self) -> list[EngineSpec]:
         return [EngineSpec.parse(text) for text in self.engine]
 
     def validate(self) -> RouterConfig:
@@ -205,8 +271,6 @@ class RouterConfig:
         if not 0.0 <= self.otlp_sample_ratio <= 1.0:
             raise ConfigError("otlp_sample_ratio must be between 0 and 1")
         if self.otlp_endpoint:
-            from hiveroute.observability.tracing import otlp_traces_url
-
             otlp_traces_url(self.otlp_endpoint)  # raises ConfigError on a malformed URL
         self.client_api_keys()  # loads and checks the key file
         if self.discovery not in ("static", "kubernetes"):

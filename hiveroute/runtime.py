@@ -7,6 +7,8 @@ standard loop still works where uvloop is missing (it is a dependency on Linux o
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -25,3 +27,12 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     """asyncio.run on the fastest event loop available."""
     use_fastest_event_loop()
     return asyncio.run(main)
+
+
+async def wait_for_shutdown_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import signal
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from hiveroute.assembly import Router, assemble
 from hiveroute.config import RouterConfig
+from hiveroute.runtime import wait_for_shutdown_signal
 
 log = logging.getLogger("hiveroute.server")
 
@@ -51,15 +49,6 @@ async def start_router(config: RouterConfig, *, router: Router | None = None) ->
         port = address[1]
         break
     return RunningRouter(router=router, runner=runner, host=config.host, port=port)
-
-
-async def wait_for_shutdown_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
 
 
 async def serve(config: RouterConfig) -> None:

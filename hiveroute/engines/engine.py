@@ -4,50 +4,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
-from urllib.parse import urlsplit
 
-from hiveroute.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """How to reach one engine: its HTTP base URL and, optionally, its KV-event endpoints."""
-
-    url: str
-    events: str | None = None
-    replay: str | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> EngineSpec:
-        """Parse ``URL[,events=tcp://H:P][,replay=tcp://H:P]`` as given to ``--engine``."""
-        parts = [p.strip() for p in text.split(",") if p.strip()]
-        if not parts:
-            raise ConfigError("empty --engine value; expected URL[,events=tcp://HOST:PORT]")
-        url = parts[0].rstrip("/")
-        split = urlsplit(url)
-        if split.scheme not in ("http", "https") or not split.hostname:
-            raise ConfigError(f"engine URL {url!r} must look like http://HOST:PORT")
-        options: dict[str, str] = {}
-        for part in parts[1:]:
-            key, sep, value = part.partition("=")
-            if not sep or key not in ("events", "replay"):
-                raise ConfigError(
-                    f"unknown engine option {part!r} in {text!r}; use events=tcp://HOST:PORT "
-                    "or replay=tcp://HOST:PORT"
-                )
-            if not value.startswith("tcp://"):
-                raise ConfigError(f"engine option {key} must be a tcp:// endpoint, got {value!r}")
-            options[key] = value
-        return cls(url=url, events=options.get("events"), replay=options.get("replay"))
-
-    @cached_property
-    def name(self) -> str:
-        """A short stable name (``host:port``), used as the ``engine`` metric label."""
-        split = urlsplit(self.url)
-        port = split.port or (443 if split.scheme == "https" else 80)
-        return f"{split.hostname}:{port}"
+from hiveroute.config import EngineSpec
 
 
 @dataclass

@@ -11,6 +11,11 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from hiveroute.config import DEFAULT_ROLES, MAX_ROLES
+
+OTHER_ROLE = "other"
+NO_ROLE = "none"
+
 LATENCY_BUCKETS = (
     0.005,
     0.01,
@@ -73,23 +78,6 @@ WORKFLOW_BUCKETS = (
     1800.0,
     3600.0,
 )
-# Agent roles seen in practice; any other role is counted as "other", a missing one as "none".
-DEFAULT_ROLES = (
-    "planner",
-    "executor",
-    "worker",
-    "researcher",
-    "coder",
-    "tool",
-    "critic",
-    "reviewer",
-    "validator",
-    "summarizer",
-    "orchestrator",
-)
-OTHER_ROLE = "other"
-NO_ROLE = "none"
-MAX_ROLES = 64
 
 
 class RoleLabels:

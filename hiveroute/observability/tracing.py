@@ -16,8 +16,8 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
+from hiveroute.config import otlp_traces_url
 from hiveroute.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -41,18 +41,6 @@ class TracingSettings:
     service_name: str = "hiveroute"
     sample_ratio: float = 1.0
     headers: Mapping[str, str] | None = None
-
-
-def otlp_traces_url(endpoint: str) -> str:
-    """Accept a collector's base URL (``http://host:4318``) or its full traces URL."""
-    split = urlsplit(endpoint)
-    if split.scheme not in ("http", "https") or not split.hostname:
-        raise ConfigError(
-            f"otlp_endpoint {endpoint!r} must be an http(s) URL such as http://localhost:4318"
-        )
-    if split.path in ("", "/"):
-        return endpoint.rstrip("/") + "/v1/traces"
-    return endpoint
 
 
 class Tracing:

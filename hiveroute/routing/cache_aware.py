@@ -31,13 +31,6 @@ import math
 
 from hiveroute.engines.engine import Engine
 from hiveroute.kvindex.index import KvIndex, PrefixMatch
-from hiveroute.kvindex.request_tokens import (
-    PREFIX_MATCH_KEY,
-    cache_salt,
-    request_block_keys,
-    request_origin,
-    request_token_ids,
-)
 from hiveroute.kvindex.tokenizer import Tokenizer
 from hiveroute.routing.base import (
     CycleState,
@@ -54,6 +47,13 @@ from hiveroute.routing.footprint import (
     new_context_engine,
 )
 from hiveroute.routing.policy import REASON_KEY
+from hiveroute.routing.request_tokens import (
+    PREFIX_MATCH_KEY,
+    cache_salt,
+    request_block_keys,
+    request_origin,
+    request_token_ids,
+)
 from hiveroute.routing.ttft_ledger import TtftLedger
 
 GUARD_EXCLUDED_KEY = "load_guard_excluded"  # list[Engine] the guard removed this cycle

@@ -120,7 +120,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 async def _serve(config: SimConfig) -> None:
-    from hiveroute.gateway.server import wait_for_shutdown_signal
+    from hiveroute.runtime import wait_for_shutdown_signal
 
     fleet = SimFleet(config)
     await fleet.start()

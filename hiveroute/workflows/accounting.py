@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from hiveroute.kvindex.request_tokens import prompt_tokens_of
 from hiveroute.kvindex.tokenizer import Tokenizer
 from hiveroute.routing.base import RoutingRequest
+from hiveroute.routing.request_tokens import prompt_tokens_of
 
 Origin = tuple[float, str]  # (request start time, agent id)
 

@@ -26,7 +26,6 @@ import math
 from typing import Any
 
 from hiveroute.engines.engine import Engine
-from hiveroute.kvindex.request_tokens import TOKEN_IDS_KEY
 from hiveroute.routing.base import (
     CycleState,
     RequestOutcome,
@@ -38,6 +37,7 @@ from hiveroute.routing.cache_aware import PrefixMatcher
 from hiveroute.routing.footprint import new_context_engine
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.registry import PluginContext
+from hiveroute.routing.request_tokens import TOKEN_IDS_KEY
 from hiveroute.workflows.registry import WorkflowView
 from hiveroute.workflows.scope import scoped
 from hiveroute.workflows.service import WorkflowService

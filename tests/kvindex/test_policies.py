@@ -9,7 +9,6 @@ from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import ConfigError
 from hiveroute.kvindex.events import BlockStored
 from hiveroute.kvindex.index import KvIndex
-from hiveroute.kvindex.request_tokens import PREFIX_MATCH_KEY, TOKEN_IDS_KEY
 from hiveroute.kvindex.tokenizer import BuiltinTokenizer
 from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.backlog import PrefillBacklog
@@ -19,6 +18,7 @@ from hiveroute.routing.costs import CostModel
 from hiveroute.routing.footprint import KvFootprint, least_written
 from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, PluginRegistry, build_policy
+from hiveroute.routing.request_tokens import PREFIX_MATCH_KEY, TOKEN_IDS_KEY
 from hiveroute.routing.ttft import RecentTtfts, RoutedFeatures, TtftPredictor, learn_ttft
 from hiveroute.routing.ttft_ledger import TtftLedger
 from hiveroute.workflows.placement import WorkflowPlacementScorer

@@ -163,7 +163,7 @@ async def test_a_pending_prefill_counts_until_its_first_token() -> None:
 async def test_placement_reads_what_the_kv_index_says_each_engine_holds() -> None:
     from hiveroute.kvindex.blocks import block_keys
     from hiveroute.kvindex.events import BlockStored
-    from hiveroute.kvindex.request_tokens import TOKEN_IDS_KEY
+    from hiveroute.routing.request_tokens import TOKEN_IDS_KEY
 
     router, _ = make_router(n=3)
     a, _idle, c = router.pool.engines

@@ -15,7 +15,7 @@ from hiveroute.kvindex.index import Origin
 from hiveroute.kvindex.tokenizer import Tokenizer, prompt_token_ids
 from hiveroute.routing.base import CycleState, RoutingRequest
 
-log = logging.getLogger("hiveroute.kvindex")
+log = logging.getLogger("hiveroute.routing")
 
 TOKEN_IDS_KEY = "token_ids"  # list[int] | None
 BLOCK_KEYS_KEY = "block_keys"  # dict[block_size, list[BlockKey]]
