@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from hiveroute import runtime
+from hiveroute.runtime import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -76,12 +76,6 @@ def serve_engine(port: int, chunks: int) -> None:
 
 
 # --- processes ----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pin(core: int) -> None:

@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -28,15 +27,10 @@ from pathlib import Path
 import aiohttp
 
 from hiveroute import runtime
+from hiveroute.runtime import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_mib(pid: int) -> float:

@@ -1,4 +1,5 @@
-"""How every hiveroute process runs its event loop: uvloop when it is installed.
+"""How every hiveroute process runs: its event loop (uvloop when installed), its shutdown signal
+and the free ports its children listen on.
 
 uvloop roughly halves the per-request cost of the relay and the simulator's step loop; the
 standard loop still works where uvloop is missing (it is a dependency on Linux only).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -36,3 +38,10 @@ async def wait_for_shutdown_signal() -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` right now, for a child process whose CLI cannot take port 0."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

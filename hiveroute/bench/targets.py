@@ -21,8 +21,9 @@ from typing import Any
 
 from hiveroute.bench.engines import Fleet
 from hiveroute.bench.peers import PEERS, ensure_peer, peer_argv
-from hiveroute.bench.procs import ChildProcess, free_port, wait_http_ok
+from hiveroute.bench.procs import ChildProcess, wait_http_ok
 from hiveroute.errors import ConfigError
+from hiveroute.runtime import free_port
 
 # Most capable first: `hiveroute:best` (and the demo) takes the first one this build has.
 POLICY_PREFERENCE = ("workflow", "kv", "prefix", "session", "least_load", "round_robin")

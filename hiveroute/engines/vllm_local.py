@@ -18,7 +18,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hiveroute.engines.engine import EngineSpec
+from hiveroute.runtime import free_port
 
 DEFAULT_VLLM_PYTHON = Path.home() / ".cache/hiveroute/vllm-venv/bin/python"
 MODEL_CACHE = Path.home() / ".cache/hiveroute/models"
@@ -138,12 +138,6 @@ def make_tiny_model(
     except OSError:  # another process built it first
         shutil.rmtree(building, ignore_errors=True)
     return target
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -5,21 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from hiveroute.runtime import free_port
 from tests.deploy.fake_kube_api import FakeKubeApi
 from tests.support.fake_engine import FakeEngine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def poll_health(http: aiohttp.ClientSession, url: str, want: int) -> dict[str, Any]:

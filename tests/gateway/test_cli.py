@@ -6,19 +6,13 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import aiohttp
 
+from hiveroute.runtime import free_port
 from tests.support.fake_engine import FakeEngine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -8,8 +8,8 @@ import sys
 
 import aiohttp
 
+from hiveroute.runtime import free_port
 from tests.support.fake_engine import FakeEngine
-from tests.support.services import free_port
 
 CLIENTS = 8
 

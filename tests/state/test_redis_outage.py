@@ -14,8 +14,9 @@ from prometheus_client import CollectorRegistry
 
 from hiveroute.errors import ConfigError
 from hiveroute.observability.metrics import StateMetrics
+from hiveroute.runtime import free_port
 from hiveroute.state.redis import RedisStateStore, parse_redis_url
-from tests.support.services import RedisServer, free_port
+from tests.support.services import RedisServer
 from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.services

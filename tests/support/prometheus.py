@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -18,12 +17,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from hiveroute.runtime import free_port
 
 
 def prometheus_binary() -> str:
