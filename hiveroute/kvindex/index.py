@@ -1,4 +1,4 @@
-"""The global index: which engine holds which KV block, on which tier, and who stored it first.
+"""The global index: which engine holds which KV block, and on which tier.
 
 Keys are the router's own chained block keys (`blocks.block_keys`), so blocks are comparable
 across engines whatever their hash seeds. Each engine's own hashes map to keys, which is how a
@@ -34,15 +34,6 @@ DEFAULT_SPECULATIVE_TTL_S = 5.0
 
 
 @dataclass(frozen=True)
-class Origin:
-    """Who caused a block to be stored first."""
-
-    workflow_id: str | None = None
-    agent_id: str | None = None
-    request_id: str | None = None
-
-
-@dataclass(frozen=True)
 class PrefixMatch:
     """How much of a request's prefix one engine holds, in blocks of that engine's size."""
 
@@ -68,22 +59,12 @@ class PrefixMatch:
         return self.lower_blocks * self.block_size
 
 
-@dataclass(frozen=True)
-class Attribution:
-    """Of a request's prefix cached on an engine, how much another agent of its workflow stored."""
-
-    matched_tokens: int
-    cross_agent_tokens: int
-    own_agent_tokens: int
-
-
 class _Block:
-    __slots__ = ("holders", "origin", "spec")
+    __slots__ = ("holders", "spec")
 
-    def __init__(self, origin: Origin | None) -> None:
+    def __init__(self) -> None:
         self.holders: dict[str, dict[str, EngineHash]] = {}  # engine -> medium -> engine hash
         self.spec: dict[str, float] = {}  # engine -> expiry (monotonic seconds)
-        self.origin = origin
 
 
 class _Engine:
@@ -94,13 +75,11 @@ class _Engine:
         self.by_hash: dict[EngineHash, BlockKey] = {}
         self.orphans = 0  # stored blocks whose parent we did not know (chain cannot be computed)
         # requests routed before the engine's first event told us its block size
-        self.pending: deque[tuple[float, Sequence[int], str | None, Origin | None]] = deque(
-            maxlen=256
-        )
+        self.pending: deque[tuple[float, Sequence[int], str | None]] = deque(maxlen=256)
 
 
 class KvIndex:
-    """Block key → engines (with tier), engine hash → key per engine, origin per block."""
+    """Block key → engines (with tier), and engine hash → key per engine."""
 
     def __init__(
         self,
@@ -143,10 +122,10 @@ class KvIndex:
         state.block_size = block_size
         now = self.clock()
         while state.pending:
-            expiry, tokens, salt, origin = state.pending.popleft()
+            expiry, tokens, salt = state.pending.popleft()
             if expiry > now:
                 keys = block_keys(tokens, block_size, salt=salt)
-                self.add_speculative(engine, keys, origin, ttl_s=expiry - now)
+                self.add_speculative(engine, keys, ttl_s=expiry - now)
 
     def engine_hashes(self, engine: str) -> set[EngineHash]:
         """The engine's own hashes of every block the index believes it holds (any tier)."""
@@ -191,7 +170,7 @@ class KvIndex:
         tokens = event.token_ids[: count * event.block_size]
         keys = block_keys(tokens, event.block_size, salt=event.cache_salt, parent=parent)
         for engine_hash, key in zip(event.block_hashes, keys, strict=False):
-            entry = self._touch(key, None)
+            entry = self._touch(key)
             entry.holders.setdefault(engine, {})[event.medium] = engine_hash
             entry.spec.pop(engine, None)
             state.by_hash[engine_hash] = key
@@ -243,7 +222,6 @@ class KvIndex:
         self,
         engine: str,
         keys: Sequence[BlockKey],
-        origin: Origin | None = None,
         *,
         ttl_s: float | None = None,
     ) -> None:
@@ -255,7 +233,7 @@ class KvIndex:
         expiry = now + ttl
         self._sweep(now)
         for key in keys:
-            entry = self._touch(key, origin)
+            entry = self._touch(key)
             held = entry.holders.get(engine)
             if held is not None and GPU in held:
                 continue  # confirmed already
@@ -267,21 +245,20 @@ class KvIndex:
         self,
         engine: str,
         token_ids: Sequence[int],
-        origin: Origin | None = None,
         *,
         salt: str | None = None,
         ttl_s: float | None = None,
     ) -> None:
         """`add_speculative` by token ids; before the engine's block size is known (no event
-        yet) the request waits, so the very first request's blocks still get their origin."""
+        yet) the request waits, so the very first request's blocks still count."""
         ttl = self.speculative_ttl_s if ttl_s is None else ttl_s
         state = self._engine(engine)
         if state.block_size is None:
             if ttl > 0:
-                state.pending.append((self.clock() + ttl, token_ids, salt, origin))
+                state.pending.append((self.clock() + ttl, token_ids, salt))
             return
         keys = block_keys(token_ids, state.block_size, salt=salt)
-        self.add_speculative(engine, keys, origin, ttl_s=ttl)
+        self.add_speculative(engine, keys, ttl_s=ttl)
 
     def _sweep(self, now: float) -> None:
         limit = 4 * self.max_blocks
@@ -328,37 +305,6 @@ class KvIndex:
             return PrefixMatch(block_size=1)
         return self.match(engine, block_keys(token_ids, size, salt=salt), size)
 
-    def attribution(
-        self,
-        engine: str,
-        token_ids: Sequence[int],
-        *,
-        workflow_id: str | None,
-        agent_id: str | None,
-        salt: str | None = None,
-    ) -> Attribution:
-        """Matched tokens of a request on `engine`, and how many another agent of the same
-        workflow stored first (the cross-agent reuse later parts report)."""
-        size = self.block_size(engine)
-        if size is None:
-            return Attribution(0, 0, 0)
-        keys = block_keys(token_ids, size, salt=salt)
-        matched = self.match(engine, keys, size)
-        cross = own = 0
-        for key in keys[: matched.blocks]:
-            origin = self._blocks[key].origin
-            if origin is None or workflow_id is None or origin.workflow_id != workflow_id:
-                continue
-            if origin.agent_id == agent_id:
-                own += 1
-            else:
-                cross += 1
-        return Attribution(matched.tokens, cross * size, own * size)
-
-    def origin(self, key: BlockKey) -> Origin | None:
-        entry = self._blocks.get(key)
-        return entry.origin if entry else None
-
     def holders(self, key: BlockKey) -> dict[str, set[str]]:
         """Engine → tiers holding `key` (confirmed only)."""
         entry = self._blocks.get(key)
@@ -368,13 +314,11 @@ class KvIndex:
 
     # --- internals ---------------------------------------------------------------------------
 
-    def _touch(self, key: BlockKey, origin: Origin | None) -> _Block:
+    def _touch(self, key: BlockKey) -> _Block:
         entry = self._blocks.get(key)
         if entry is None:
-            entry = self._blocks[key] = _Block(origin)
+            entry = self._blocks[key] = _Block()
         else:
-            if entry.origin is None:
-                entry.origin = origin
             self._blocks.move_to_end(key)
         return entry
 

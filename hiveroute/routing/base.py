@@ -10,13 +10,20 @@ per-request CycleState so nothing is computed twice. After the request, plugins 
 from __future__ import annotations
 
 import enum
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from hiveroute.engines.engine import Engine
 from hiveroute.metadata import RequestMetadata
 
-T = TypeVar("T")
+
+def load_bound(candidates: Sequence[Engine], load_factor: float, slack: int = 0) -> int:
+    """Bounded load (Mirrokni et al., "Consistent Hashing with Bounded Loads"): the most
+    requests an engine may hold, this one included: ceil(load_factor × the average) + slack."""
+    total = sum(e.load.queue_depth for e in candidates) + 1  # count this request too
+    return math.ceil(load_factor * total / len(candidates)) + slack
 
 
 class ScorerCategory(enum.Enum):

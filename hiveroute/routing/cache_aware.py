@@ -27,8 +27,6 @@ although another engine was predicted faster: its prediction is not in the tail)
 
 from __future__ import annotations
 
-import math
-
 from hiveroute.engines.engine import Engine
 from hiveroute.kvindex.index import KvIndex, PrefixMatch
 from hiveroute.kvindex.tokenizer import Tokenizer
@@ -39,6 +37,7 @@ from hiveroute.routing.base import (
     RoutingRequest,
     Scorer,
     ScorerCategory,
+    load_bound,
 )
 from hiveroute.routing.footprint import (
     NEW_CONTEXT_SHARE,
@@ -51,7 +50,6 @@ from hiveroute.routing.request_tokens import (
     PREFIX_MATCH_KEY,
     cache_salt,
     request_block_keys,
-    request_origin,
     request_token_ids,
 )
 from hiveroute.routing.ttft_ledger import TtftLedger
@@ -75,8 +73,7 @@ class LoadGuardFilter(Filter):
 
     def bound(self, candidates: list[Engine]) -> int:
         """The most requests an engine may have, this one included."""
-        total = sum(e.load.queue_depth for e in candidates) + 1
-        return math.ceil(self.load_factor * total / len(candidates)) + self.slack
+        return load_bound(candidates, self.load_factor, self.slack)
 
     def filter(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
@@ -142,13 +139,12 @@ class PrefixMatcher:
         if not tokens:
             return
         size = self.block_size(engine)
-        origin = request_origin(request)
         if size is None:  # no event yet: the index keeps the tokens until it learns the size
             salt = cache_salt(request)
-            self.index.add_speculative_tokens(engine.name, tokens, origin, salt=salt, ttl_s=ttl_s)
+            self.index.add_speculative_tokens(engine.name, tokens, salt=salt, ttl_s=ttl_s)
         else:
             keys = request_block_keys(request, state, tokens, size)
-            self.index.add_speculative(engine.name, keys, origin, ttl_s=ttl_s)
+            self.index.add_speculative(engine.name, keys, ttl_s=ttl_s)
 
 
 class _CacheScorer(Scorer):

@@ -11,7 +11,6 @@ import logging
 
 from hiveroute.errors import HiverouteError
 from hiveroute.kvindex.blocks import BlockKey, block_keys
-from hiveroute.kvindex.index import Origin
 from hiveroute.kvindex.tokenizer import Tokenizer, prompt_token_ids
 from hiveroute.routing.base import CycleState, RoutingRequest
 
@@ -61,8 +60,3 @@ def request_block_keys(
     if keys is None:
         keys = by_size[block_size] = block_keys(tokens, block_size, salt=cache_salt(request))
     return keys
-
-
-def request_origin(request: RoutingRequest) -> Origin:
-    meta = request.metadata
-    return Origin(meta.workflow_id, meta.agent_id, request.request_id)

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import math
 
 from hiveroute.engines.engine import Engine
-from hiveroute.routing.base import CycleState, RoutingRequest, Scorer, ScorerCategory
+from hiveroute.routing.base import (
+    CycleState,
+    RoutingRequest,
+    Scorer,
+    ScorerCategory,
+    load_bound,
+)
 from hiveroute.routing.policy import REASON_KEY
 
 
@@ -88,8 +93,7 @@ class SessionAffinityScorer(Scorer):
             return {}
         by_name = {e.name: e for e in candidates}
         order = self.ring.walk(key, frozenset(by_name))
-        total = sum(e.load.queue_depth for e in candidates) + 1  # count this request too
-        bound = math.ceil(self.load_factor * total / len(candidates))
+        bound = load_bound(candidates, self.load_factor)
         for rank, name in enumerate(order):
             if by_name[name].load.queue_depth + 1 <= bound:
                 state.setdefault(REASON_KEY, "session_home" if rank == 0 else "session_spill")

@@ -6,12 +6,15 @@ block of `block_size` tokens, the earliest-started request that sent it there an
 A request's hit tokens whose blocks another agent of the same workflow sent first (and started
 before it) are cross-agent. This holds whatever the routing policy, with or without KV events;
 memory is bounded per workflow, and a workflow's map is dropped when it ends or expires.
+Blocks are keyed as the KV index keys them (`kvindex.blocks.block_keys`); this is the router's
+one cross-agent attribution (the index knows where blocks are, not who stored them).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+from hiveroute.kvindex.blocks import BlockKey, block_keys
 from hiveroute.kvindex.tokenizer import Tokenizer
 from hiveroute.routing.base import RoutingRequest
 from hiveroute.routing.request_tokens import prompt_tokens_of
@@ -34,22 +37,13 @@ class CrossAgentAccountant:
         self.block_size = block_size
         self.max_blocks = max_blocks_per_workflow
         self.max_workflows = max_workflows
-        # workflow -> engine -> block chain hash -> origin
-        self._maps: OrderedDict[str, dict[str, dict[int, Origin]]] = OrderedDict()
+        # workflow -> engine -> block key -> origin
+        self._maps: OrderedDict[str, dict[str, dict[BlockKey, Origin]]] = OrderedDict()
         self._sizes: dict[str, int] = {}
 
     def token_ids(self, request: RoutingRequest) -> list[int] | None:
         """The request's prompt tokens (those routing computed, when it did)."""
         return prompt_tokens_of(request, self.tokenizer)
-
-    def _chain(self, tokens: list[int]) -> list[int]:
-        size = self.block_size
-        chain: list[int] = []
-        parent = 0
-        for start in range(0, len(tokens) - size + 1, size):
-            parent = hash((parent, tuple(tokens[start : start + size])))
-            chain.append(parent)
-        return chain
 
     def account(
         self,
@@ -69,7 +63,7 @@ class CrossAgentAccountant:
                 self._sizes.pop(old, None)
         self._maps.move_to_end(workflow_id)
         blocks = maps.setdefault(engine, {})
-        chain = self._chain(tokens)
+        chain = block_keys(tokens, self.block_size)  # the KV index's keys, one scheme
         me = agent_id or ""
         hit_blocks = min(len(chain), (cached_tokens or 0) // self.block_size)
         cross = 0

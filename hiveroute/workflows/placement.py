@@ -32,6 +32,7 @@ from hiveroute.routing.base import (
     RoutingRequest,
     Scorer,
     ScorerCategory,
+    load_bound,
 )
 from hiveroute.routing.cache_aware import PrefixMatcher
 from hiveroute.routing.footprint import new_context_engine
@@ -207,8 +208,7 @@ class WorkflowPlacementScorer(Scorer):
         return int(prompt_chars(request) / self.chars_per_token)
 
     def bound(self, candidates: list[Engine]) -> int:
-        total = sum(e.load.queue_depth for e in candidates) + 1
-        return math.ceil(self.load_factor * total / len(candidates)) + self.slack
+        return load_bound(candidates, self.load_factor, self.slack)
 
     def _cached(
         self,

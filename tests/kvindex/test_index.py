@@ -2,7 +2,7 @@
 
 from hiveroute.kvindex.blocks import block_keys
 from hiveroute.kvindex.events import AllBlocksCleared, BlockRemoved, BlockStored
-from hiveroute.kvindex.index import KvIndex, Origin
+from hiveroute.kvindex.index import KvIndex
 
 BS = 4
 
@@ -88,7 +88,7 @@ def test_speculative_entries_count_until_confirmed_or_expired() -> None:
     index.set_block_size("e1", BS)
     tokens = list(range(8))
     keys = block_keys(tokens, BS)
-    index.add_speculative("e1", keys, Origin("wf", "planner", "r1"))
+    index.add_speculative("e1", keys)
     match = index.match_tokens("e1", tokens)
     assert match.tokens == 8 and match.speculative_blocks == 2
     clock.now += 1.0
@@ -102,24 +102,6 @@ def test_speculative_entries_count_until_confirmed_or_expired() -> None:
     index.add_speculative("e3", block_keys([9, 9, 9, 9], BS))
     assert index.holders(keys[0]) == {"e1": {"GPU"}}
     assert len(index) == 2  # keys[0] (confirmed) and the new e3 block
-
-
-def test_origin_is_who_stored_first_and_attribution_counts_other_agents() -> None:
-    index = KvIndex()
-    index.set_block_size("e1", BS)
-    shared = list(range(8))
-    index.add_speculative("e1", block_keys(shared, BS), Origin("wf", "planner", "r1"))
-    index.apply("e1", stored([1, 2], shared))
-    own = [*shared, 50, 51, 52, 53]
-    index.add_speculative("e1", block_keys(own, BS), Origin("wf", "executor", "r2"))
-    index.apply("e1", stored([3], own[8:], parent=2))
-    assert index.origin(block_keys(shared, BS)[0]) == Origin("wf", "planner", "r1")
-    request = [*own, 60, 61, 62, 63]
-    got = index.attribution("e1", request, workflow_id="wf", agent_id="executor")
-    assert (got.matched_tokens, got.cross_agent_tokens, got.own_agent_tokens) == (12, 8, 4)
-    other = index.attribution("e1", request, workflow_id="other", agent_id="executor")
-    assert (other.matched_tokens, other.cross_agent_tokens) == (12, 0)
-    assert index.attribution("unknown", request, workflow_id="wf", agent_id="x").matched_tokens == 0
 
 
 def test_salted_requests_never_share_keys() -> None:
@@ -141,13 +123,14 @@ def test_block_size_change_means_a_new_engine() -> None:
     assert index.engines() == [] and len(index) == 0
 
 
-def test_requests_routed_before_the_first_event_still_get_their_origin() -> None:
+def test_requests_routed_before_the_first_event_still_count() -> None:
     clock = Clock()
     index = KvIndex(clock=clock)
     tokens = list(range(8))
-    index.add_speculative_tokens("e1", tokens, Origin("wf", "planner", "r1"))
-    index.add_speculative_tokens("e1", list(range(50, 58)), Origin("wf", "x", "old"), ttl_s=1)
+    other = list(range(50, 58))
+    index.add_speculative_tokens("e1", tokens)
+    index.add_speculative_tokens("e1", other, ttl_s=1)
     clock.now += 2  # the second one expired before the size was known
-    index.apply("e1", stored([1, 2], tokens))
-    assert index.origin(block_keys(tokens, BS)[1]) == Origin("wf", "planner", "r1")
-    assert index.origin(block_keys(list(range(50, 58)), BS)[0]) is None
+    index.apply("e1", stored([1], tokens[:4]))  # the first event: the block size is 4
+    assert index.match("e1", block_keys(tokens, BS), BS).blocks == 2  # one stored, one pending
+    assert index.match("e1", block_keys(other, BS), BS).blocks == 0

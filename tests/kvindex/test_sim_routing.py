@@ -99,18 +99,25 @@ async def test_index_matches_engines_after_routed_traffic(
     assert "hiveroute_kv_index_blocks " in metrics
 
 
-async def test_attribution_counts_what_the_planner_stored(
+async def test_cross_agent_tokens_count_what_the_planner_stored(
     fleet: SimFleet, router: RunningRouter
 ) -> None:
+    """The executor's cache hit on the planner's blocks is cross-agent (the accountant keys
+    blocks as the index does)."""
     index: KvIndex = router.router.kv_index
-    tokenizer = router.router.tokenizer
     async with aiohttp.ClientSession() as session:
-        engine, _ = await complete(session, router.url, CONTEXT, workflow_id="w", agent_id="plan")
+        await complete(session, router.url, CONTEXT, workflow_id="w", agent_id="plan")
         await settled(index, fleet)
-        ids = tokenizer.encode(CONTEXT + " my own question")
-        got = index.attribution(engine, ids, workflow_id="w", agent_id="executor")
-        assert got.matched_tokens >= len(tokenizer.encode(CONTEXT)) // 16 * 16 - 16
-        assert got.cross_agent_tokens == got.matched_tokens and got.own_agent_tokens == 0
+        _, answer = await complete(
+            session, router.url, CONTEXT + " my own question", workflow_id="w", agent_id="exec"
+        )
+        cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+        await router.router.workflows.flush()
+        async with session.get(f"{router.url}/v1/workflows/w") as resp:
+            workflow = await resp.json()
+    executor = workflow["requests"][1]
+    assert cached >= 16 * 10
+    assert executor["cross_agent_cached_tokens"] == cached
 
 
 async def test_engine_restart_is_reflected(fleet: SimFleet, router: RunningRouter) -> None:
