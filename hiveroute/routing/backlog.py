@@ -19,9 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hiveroute.engines.engine import Engine
-from hiveroute.routing.base import CycleState
+from hiveroute.routing.base import CycleState, StateKey
 
-BACKLOG_KEY = "prefill_backlog_entry"  # (engine name, tokens) this request added
+# (engine name, tokens) this request added to the backlog
+BACKLOG_KEY: StateKey[tuple[str, int]] = StateKey("prefill_backlog_entry")
 
 
 @dataclass

@@ -13,7 +13,7 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from hiveroute.engines.engine import Engine
 from hiveroute.metadata import RequestMetadata
@@ -57,8 +57,63 @@ class RoutingRequest:
         return self.path.endswith("/chat/completions")
 
 
-class CycleState(dict[str, Any]):
-    """Scratch space for one routing cycle: what one plugin computed for another."""
+T = TypeVar("T")
+D = TypeVar("D")
+
+
+class StateKey(Generic[T]):
+    """A typed slot in a CycleState (llm-d's StateKey). The module that declares a key owns it:
+    it writes the slot, and others read it through the key object, never by a string, so two
+    plugins cannot collide on a name and a reader gets the writer's type."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name  # for repr and errors only: keys compare by identity
+
+    def __repr__(self) -> str:
+        return f"StateKey({self.name!r})"
+
+
+class CycleState:
+    """Scratch space for one routing cycle: what one plugin computed for another, by StateKey."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        self._values: dict[StateKey[Any], Any] = {}
+
+    def __contains__(self, key: StateKey[Any]) -> bool:
+        return key in self._values
+
+    def __getitem__(self, key: StateKey[T]) -> T:
+        value: T = self._values[key]
+        return value
+
+    def __setitem__(self, key: StateKey[T], value: T) -> None:
+        self._values[key] = value
+
+    @overload
+    def get(self, key: StateKey[T]) -> T | None: ...
+
+    @overload
+    def get(self, key: StateKey[T], default: D) -> T | D: ...
+
+    def get(self, key: StateKey[Any], default: Any = None) -> Any:
+        return self._values.get(key, default)
+
+    def setdefault(self, key: StateKey[T], default: T) -> T:
+        value: T = self._values.setdefault(key, default)
+        return value
+
+    @overload
+    def pop(self, key: StateKey[T]) -> T | None: ...
+
+    @overload
+    def pop(self, key: StateKey[T], default: D) -> T | D: ...
+
+    def pop(self, key: StateKey[Any], default: Any = None) -> Any:
+        return self._values.pop(key, default)
 
 
 @dataclass

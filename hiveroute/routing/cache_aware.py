@@ -37,6 +37,7 @@ from hiveroute.routing.base import (
     RoutingRequest,
     Scorer,
     ScorerCategory,
+    StateKey,
     load_bound,
 )
 from hiveroute.routing.footprint import (
@@ -54,8 +55,11 @@ from hiveroute.routing.request_tokens import (
 )
 from hiveroute.routing.ttft_ledger import TtftLedger
 
-GUARD_EXCLUDED_KEY = "load_guard_excluded"  # list[Engine] the guard removed this cycle
-TTFT_KEY = "predicted_ttft"  # dict[engine name, seconds]
+# the engines the guard removed this cycle
+GUARD_EXCLUDED_KEY: StateKey[list[Engine]] = StateKey("load_guard_excluded")
+TTFT_KEY: StateKey[dict[str, float]] = StateKey("predicted_ttft")  # engine name -> seconds
+# the `prefix` policy's matches in its own approximate index (apart from the KV index's)
+APPROX_MATCH_KEY: StateKey[dict[str, PrefixMatch]] = StateKey("approx_prefix_match")
 
 
 class LoadGuardFilter(Filter):
@@ -100,7 +104,7 @@ class PrefixMatcher:
         index: KvIndex,
         tokenizer: Tokenizer,
         *,
-        matches_key: str = PREFIX_MATCH_KEY,
+        matches_key: StateKey[dict[str, PrefixMatch]] = PREFIX_MATCH_KEY,
         fixed_block_size: int | None = None,
     ) -> None:
         self.index = index
@@ -355,7 +359,7 @@ class ApproxPrefixScorer(_CacheScorer):
             PrefixMatcher(
                 index,
                 tokenizer,
-                matches_key="approx_prefix_match",
+                matches_key=APPROX_MATCH_KEY,
                 fixed_block_size=block_size,
             )
         )

@@ -16,9 +16,10 @@ from hiveroute.routing.base import (
     RequestOutcome,
     RoutingRequest,
     Scorer,
+    StateKey,
 )
 
-REASON_KEY = "reason"
+REASON_KEY: StateKey[str] = StateKey("reason")  # why the cycle chose as it did
 
 
 @dataclass

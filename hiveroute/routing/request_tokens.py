@@ -11,14 +11,16 @@ import logging
 
 from hiveroute.errors import HiverouteError
 from hiveroute.kvindex.blocks import BlockKey, block_keys
+from hiveroute.kvindex.index import PrefixMatch
 from hiveroute.kvindex.tokenizer import Tokenizer, prompt_token_ids
-from hiveroute.routing.base import CycleState, RoutingRequest
+from hiveroute.routing.base import CycleState, RoutingRequest, StateKey
 
 log = logging.getLogger("hiveroute.routing")
 
-TOKEN_IDS_KEY = "token_ids"  # list[int] | None
-BLOCK_KEYS_KEY = "block_keys"  # dict[block_size, list[BlockKey]]
-PREFIX_MATCH_KEY = "prefix_match"  # dict[engine name, PrefixMatch] (the kv index's view)
+TOKEN_IDS_KEY: StateKey[list[int] | None] = StateKey("token_ids")
+BLOCK_KEYS_KEY: StateKey[dict[int, list[BlockKey]]] = StateKey("block_keys")  # by block size
+# engine name -> PrefixMatch (the kv index's view)
+PREFIX_MATCH_KEY: StateKey[dict[str, PrefixMatch]] = StateKey("prefix_match")
 
 
 def request_token_ids(

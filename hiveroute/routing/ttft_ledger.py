@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from hiveroute.engines.engine import Engine
 from hiveroute.routing.backlog import PrefillBacklog
-from hiveroute.routing.base import CycleState, RequestOutcome, RoutingRequest
+from hiveroute.routing.base import CycleState, RequestOutcome, RoutingRequest, StateKey
 from hiveroute.routing.footprint import KvFootprint
 from hiveroute.routing.ttft import (
     RecentTtfts,
@@ -24,8 +24,10 @@ from hiveroute.routing.ttft import (
     learn_ttft,
 )
 
-ROUTED_KEY = "ttft_routed"  # RoutedFeatures of the chosen engine, for learning
-WRITTEN_KEY = "ttft_written_to"  # engine name whose footprint counts this request already
+# RoutedFeatures of the chosen engine, for learning
+ROUTED_KEY: StateKey[RoutedFeatures] = StateKey("ttft_routed")
+# the engine whose footprint counts this request already
+WRITTEN_KEY: StateKey[str] = StateKey("ttft_written_to")
 
 
 class TtftLedger:

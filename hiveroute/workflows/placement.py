@@ -32,6 +32,7 @@ from hiveroute.routing.base import (
     RoutingRequest,
     Scorer,
     ScorerCategory,
+    StateKey,
     load_bound,
 )
 from hiveroute.routing.cache_aware import PrefixMatcher
@@ -43,8 +44,9 @@ from hiveroute.workflows.registry import WorkflowView
 from hiveroute.workflows.scope import scoped
 from hiveroute.workflows.service import WorkflowService
 
-VIEW_KEY = "workflow_view"
-NEW_SPILL_KEY = "workflow_new_spill"
+VIEW_KEY: StateKey[WorkflowView] = StateKey("workflow_view")
+# engine name -> predicted TTFT, as this scorer saw them (for logs and tests)
+PREDICTED_KEY: StateKey[dict[str, float]] = StateKey("workflow_predicted_ttft")
 MAX_AGENT_ENGINES = 1024
 HOME_TOLERANCE = 0.5  # workflows of average size an engine may be home to beyond the least
 HOME_FADE_S = 60.0  # an idle workflow's weight on its home fades after this, then decays
@@ -274,11 +276,9 @@ class WorkflowPlacementScorer(Scorer):
                 pool = others or candidates
                 chosen = min(pool, key=lambda e: (predicted[e.name], e.name)).name
                 reason = "workflow_new_spill" if chosen not in homes else "workflow_spill"
-                if chosen not in homes:
-                    state[NEW_SPILL_KEY] = chosen
             state.setdefault(REASON_KEY, reason)
         state.setdefault(REASON_KEY, reason)
-        state["predicted_ttft"] = predicted
+        state[PREDICTED_KEY] = predicted
         return {
             name: 1.0 if name == chosen else 0.5 * (best_any / p if p > 0 else 1.0)
             for name, p in predicted.items()

@@ -13,7 +13,7 @@ from hiveroute.kvindex.tokenizer import BuiltinTokenizer
 from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, Decision, RequestOutcome, RoutingRequest
-from hiveroute.routing.cache_aware import KvTtftScorer
+from hiveroute.routing.cache_aware import TTFT_KEY, KvTtftScorer
 from hiveroute.routing.costs import CostModel
 from hiveroute.routing.footprint import KvFootprint, least_written
 from hiveroute.routing.policy import Policy
@@ -100,7 +100,7 @@ async def test_near_equal_predictions_go_to_the_longer_match() -> None:
     svc.kv_index.set_block_size("127.0.0.1:8100", BS)
     pool.engines[1].load.in_flight = 1  # ... and costs a little queueing: a near tie
     decision, state = await route(policy, pool, request())
-    predicted = state["predicted_ttft"]
+    predicted = state[TTFT_KEY]
     assert predicted["127.0.0.1:8101"] > predicted["127.0.0.1:8100"]
     assert decision.engine is pool.engines[1] and decision.reason == "kv_hit"
 

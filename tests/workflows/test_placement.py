@@ -11,7 +11,12 @@ from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, RoutingRequest
 from hiveroute.workflows.model import WorkflowSettings
-from hiveroute.workflows.placement import WorkflowPlacementScorer, best_home, homed_load
+from hiveroute.workflows.placement import (
+    PREDICTED_KEY,
+    WorkflowPlacementScorer,
+    best_home,
+    homed_load,
+)
 from hiveroute.workflows.registry import WorkflowView
 from hiveroute.workflows.service import WorkflowService
 
@@ -278,7 +283,7 @@ async def test_a_backlog_counts_as_drained_at_the_engines_prefill_rate(drain: bo
         probe = request(None, "x", "probe")
         await router.policy.prepare(probe, state)
         router.policy.choose(probe, router.pool.candidates(None), state)
-        return dict(state["predicted_ttft"])
+        return dict(state[PREDICTED_KEY])
 
     before = await predicted()
     assert before[a.name] > 2 * before[b.name]  # 80k tokens to prefill first
