@@ -218,7 +218,7 @@ class RequestPipeline:
             candidates = [e for e in self.pool.candidates(request.model) if e.name not in tried]
             if not candidates:
                 break
-            decision = ex.decision = policy.choose(request, candidates, ex.state)
+            decision = ex.decision = policy.decide(request, candidates, ex.state)
             engine = decision.engine
             tried.add(engine.name)
             if attempt == 0:
@@ -226,7 +226,6 @@ class RequestPipeline:
             metrics.decisions.labels(policy.name, decision.reason).inc()
             if ex.span is not None:
                 ex.span.set_routed(engine.name, policy.name, decision.reason, attempt)
-            policy.on_routed(request, engine, ex.state)
             engine.load.in_flight += 1
             try:
                 answer = await self.client.send(

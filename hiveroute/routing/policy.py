@@ -79,6 +79,23 @@ class Policy:
             engine=engine, reason=state.get(REASON_KEY, self.default_reason), scores=totals
         )
 
+    def decide(
+        self, request: RoutingRequest, candidates: list[Engine], state: CycleState
+    ) -> Decision:
+        """One attempt: choose, then tell every plugin where the request goes (`on_routed`)."""
+        decision = self.choose(request, candidates, state)
+        self.on_routed(request, decision.engine, state)
+        return decision
+
+    async def route(
+        self, request: RoutingRequest, candidates: list[Engine]
+    ) -> tuple[Decision, CycleState]:
+        """A whole cycle for one attempt (prepare, choose, on_routed), as the request pipeline
+        runs it; how a test drives a policy without HTTP or a router."""
+        state = CycleState()
+        await self.prepare(request, state)
+        return self.decide(request, candidates, state), state
+
     def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
         for plugin in self.plugins:
             plugin.on_routed(request, engine, state)

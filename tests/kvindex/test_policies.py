@@ -48,11 +48,7 @@ def request(prompt: str = PROMPT, rid: str = "r", **meta: Any) -> RoutingRequest
 async def route(
     policy: Policy, pool: EnginePool, req: RoutingRequest
 ) -> tuple[Decision, CycleState]:
-    state = CycleState()
-    await policy.prepare(req, state)
-    decision = policy.choose(req, pool.candidates("m"), state)
-    policy.on_routed(req, decision.engine, state)
-    return decision, state
+    return await policy.route(req, pool.candidates("m"))
 
 
 def cache_on(index: KvIndex, engine: str, tokens: list[int]) -> None:

@@ -49,10 +49,7 @@ def request(workflow: str | None, agent: str, rid: str) -> RoutingRequest:
 async def route(router: Router, req: RoutingRequest) -> tuple[str, str]:
     for hook in router.pipeline.hooks:
         await hook.before_route(req)
-    state = CycleState()
-    await router.policy.prepare(req, state)
-    decision = router.policy.choose(req, router.pool.candidates(None), state)
-    router.policy.on_routed(req, decision.engine, state)
+    decision, _ = await router.policy.route(req, router.pool.candidates(None))
     decision.engine.load.in_flight += 1
     return decision.engine.name, decision.reason
 
