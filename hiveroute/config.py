@@ -369,16 +369,96 @@ def _coerce(name: str, value: Any, tp: Any, source: str) -> Any:
         raise ConfigError(f"{source}: bad value {value!r} for {name}: {exc}") from None
 
 
+# The router's keys by the component that reads them, for `--help` and the README's reference
+# (keys stay flat: every key, flag and HIVEROUTE_* variable is spelled as before).
+CONFIG_GROUPS: dict[str, tuple[str, ...]] = {
+    "listening": ("host", "port", "log_level", "max_body_bytes"),
+    "engines": (
+        "engine",
+        "embedded_engines",
+        "engine_api_key",
+        "health_interval_s",
+        "connect_timeout_s",
+        "first_byte_timeout_s",
+        "request_timeout_s",
+        "retries",
+    ),
+    "discovery": (
+        "discovery",
+        "k8s_namespace",
+        "k8s_label_selector",
+        "k8s_port",
+        "k8s_scheme",
+        "k8s_events_port",
+        "k8s_replay_port",
+        "k8s_kubeconfig",
+        "k8s_context",
+    ),
+    "routing": (
+        "policy",
+        "policies",
+        "tokenizer",
+        "kv_index_max_blocks",
+        "kv_speculative_ttl_s",
+        "kv_events_topic",
+    ),
+    "admission and auth": (
+        "max_in_flight",
+        "admission_queue_depth",
+        "admission_timeout_s",
+        "api_keys",
+        "api_keys_file",
+        "admin_key",
+        "salt_secret",
+    ),
+    "workflows and state": (
+        "state",
+        "workflow_ttl_s",
+        "workflow_retain_s",
+        "workflow_max_requests",
+        "workflow_max_agents",
+        "max_workflows",
+        "context_max_bytes",
+        "context_max_count",
+        "shared_prefix_layout",
+        "workflow_priorities",
+        "priority_quantum_tokens",
+    ),
+    "keep-warm": (
+        "keep_warm_interval_s",
+        "keep_warm_idle_s",
+        "keep_warm_max_rps",
+        "keep_warm_retention_s",
+        "keep_warm_max_idle_s",
+        "keep_warm_max_kv_usage",
+    ),
+    "observability": (
+        "metrics_roles",
+        "otlp_endpoint",
+        "otlp_service_name",
+        "otlp_sample_ratio",
+        "otlp_headers",
+    ),
+}
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type = RouterConfig) -> None:
-    """One flag per config key; defaults are None so we can tell 'not given' from a default."""
+    """One flag per config key; defaults are None so we can tell 'not given' from a default.
+
+    The router's flags are shown by component (CONFIG_GROUPS); other configs' in one list."""
     parser.add_argument("--config", metavar="FILE", help="YAML configuration file")
     hints = typing.get_type_hints(cls)
+    group_of: dict[str, Any] = {}
+    if cls is RouterConfig:
+        for title, keys in CONFIG_GROUPS.items():
+            group = parser.add_argument_group(title)
+            group_of.update(dict.fromkeys(keys, group))
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": f.metadata.get("help")}
         if _base_type(hints[f.name]) is list:
             kwargs["action"] = "append"
-        parser.add_argument(flag, **kwargs)
+        group_of.get(f.name, parser).add_argument(flag, **kwargs)
 
 
 def load_config(

@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from hiveroute.config import RouterConfig
 from hiveroute.engines.client import EngineClient
 from hiveroute.engines.pool import EnginePool
 from hiveroute.kvindex.tokenizer import Tokenizer
@@ -79,7 +80,7 @@ class WorkflowService:
         store: StateStore,
         tokenizer: Tokenizer,
         *,
-        config: Any,
+        config: RouterConfig,
         metrics: RouterMetrics,
         pool: EnginePool,
         client: EngineClient,

@@ -64,3 +64,14 @@ def test_yaml_errors(tmp_path: Path) -> None:
     listy.write_text("- a\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(parse(["--config", str(listy)]), env={})
+
+
+def test_every_key_is_in_exactly_one_component_group() -> None:
+    """`--help` and the README show the keys by component; none may be left out or shown twice."""
+    import dataclasses
+
+    from hiveroute.config import CONFIG_GROUPS, RouterConfig
+
+    grouped = [key for keys in CONFIG_GROUPS.values() for key in keys]
+    assert len(grouped) == len(set(grouped))
+    assert set(grouped) == {f.name for f in dataclasses.fields(RouterConfig)}
