@@ -105,8 +105,7 @@ def build_app(
     # The body limit is enforced by read_body (413 with a clear message); this is a backstop.
     app = web.Application(
         middlewares=[
-            request_ids(parts.metrics, parts.policy.name),
-            errors_as_json,
+            request_ids(parts.metrics, parts.policy.name, errors_as_json),
             parts.auth.middleware(),
         ],
         client_max_size=parts.config.max_body_bytes + 1024,

@@ -80,16 +80,28 @@ class Exchange:
         self.status, self.error = status, message
 
 
-def with_usage_requested(body: dict[str, Any]) -> dict[str, Any] | None:
-    """The body asking the engine for a streamed usage chunk, or None if it already asks.
+USAGE_OPTION = b'"stream_options":{"include_usage":true}'
 
-    The router needs every request's usage (access log, hit rates, token counters); a client
-    that did not ask for the chunk has it dropped from its stream (see relay_stream)."""
+
+def asks_usage(body: dict[str, Any]) -> bool:
     options = body.get("stream_options")
-    if isinstance(options, dict) and options.get("include_usage") is True:
-        return None
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def upstream_payload(body: dict[str, Any], raw: bytes | None, *, add_usage: bool) -> bytes:
+    """What the engine receives: `raw` as it came when it still says `body`, else `body` as JSON.
+
+    `add_usage`: ask the engine for a streamed usage chunk (the router needs every request's
+    usage: access log, hit rates, token counters); a client that did not ask for the chunk has it
+    dropped from its stream (see relay_stream). Without other stream options, the option is
+    spliced into the raw bytes (a streamed body is a non-empty object: it has `stream`)."""
+    if not add_usage:
+        return raw if raw is not None else json.dumps(body).encode()
+    if raw is not None and "stream_options" not in body:
+        return raw.rstrip()[:-1] + b"," + USAGE_OPTION + b"}"
+    options = body.get("stream_options")
     kept = options if isinstance(options, dict) else {}
-    return {**body, "stream_options": {**kept, "include_usage": True}}
+    return json.dumps({**body, "stream_options": {**kept, "include_usage": True}}).encode()
 
 
 class RequestPipeline:
@@ -159,11 +171,9 @@ class RequestPipeline:
             ex.hooked.append(hook)
             await hook.before_route(request)
         stream = bool(request.body.get("stream"))
-        upstream_body = with_usage_requested(request.body) if stream else None
-        if upstream_body is None and inbound.raw is not None and request.body is original:
-            payload = inbound.raw
-        else:
-            payload = json.dumps(upstream_body or request.body).encode()
+        add_usage = stream and not asks_usage(request.body)
+        raw = inbound.raw if request.body is original else None  # a hook rewrote the body
+        payload = upstream_payload(request.body, raw, add_usage=add_usage)
         headers = upstream_headers(
             http, ex.request_id, forward_authorization=self.forward_authorization
         )
@@ -183,7 +193,7 @@ class RequestPipeline:
         try:
             if answer.is_stream:
                 response, result = await relay_stream(
-                    http, answer, extra, ex.started, drop_usage=upstream_body is not None
+                    http, answer, extra, ex.started, drop_usage=add_usage
                 )
             else:
                 response, result = await relay_whole(answer, extra, ex.started)

@@ -162,6 +162,8 @@ class UsageChunkFilter:
         self._pending = b""
 
     def feed(self, chunk: bytes) -> bytes:
+        if not self._pending and chunk.endswith(b"\n\n") and b'"usage"' not in chunk:
+            return chunk  # whole events, no usage: as it came (the common case, no copy)
         data = self._pending + chunk if self._pending else chunk
         end = data.rfind(b"\n\n")
         if end < 0:

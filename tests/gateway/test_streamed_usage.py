@@ -90,3 +90,18 @@ async def test_other_stream_options_are_kept(
     async with http.post(f"{r.url}/v1/completions", json=body) as resp:
         await resp.read()
     assert engine.received[-1]["stream_options"] == {"x_flag": 1, "include_usage": True}
+
+
+def test_the_usage_option_is_spliced_into_the_raw_body() -> None:
+    from hiveroute.gateway.pipeline import upstream_payload
+
+    raw = b'{"model": "m", "prompt": "p", "stream": true}\n  '
+    body = json.loads(raw)
+    sent = json.loads(upstream_payload(body, raw, add_usage=True))
+    assert sent == {**body, "stream_options": {"include_usage": True}}
+    assert upstream_payload(body, raw, add_usage=False) is raw  # byte for byte
+    options = {**body, "stream_options": {"x": 1}}
+    assert json.loads(upstream_payload(options, None, add_usage=True))["stream_options"] == {
+        "x": 1,
+        "include_usage": True,
+    }
