@@ -126,7 +126,12 @@ async def relay_stream(
                 events += found
                 last_event_at = chunk_at
             tail.feed(chunk)
-            passed = usage_filter.feed(chunk) if usage_filter is not None else chunk
+            passed = chunk
+            # inline fast path: whole lines without usage pass as they came, no call, no copy
+            if usage_filter is not None and (
+                usage_filter.held or b'"usage"' in chunk or chunk[-1] != 10  # b"\n"
+            ):
+                passed = usage_filter.feed(chunk)
             if passed:
                 await out.write(passed)
                 result.bytes_out += len(passed)
@@ -137,12 +142,12 @@ async def relay_stream(
                 result.error = (
                     f"engine {answer.engine.name} failed mid-stream: {type(exc).__name__}"
                 )
-                if usage_filter is not None:
-                    await out.write(usage_filter.rest())
-                await out.write(sse_error_event(result.error))
+                rest = usage_filter.rest() if usage_filter is not None else b""
+                await out.write(rest + sse_error_event(result.error))
                 break
-        if usage_filter is not None:
-            await out.write(usage_filter.rest())
+        rest = usage_filter.rest() if usage_filter is not None else b""
+        if rest:  # an unterminated last event: passed on as it came
+            await out.write(rest)
         await out.write_eof()
     finally:
         upstream.close()
@@ -159,24 +164,22 @@ class UsageChunkFilter:
     until its end arrives, so the stream stays chunk by chunk."""
 
     def __init__(self) -> None:
-        self._pending = b""
+        self.held = b""  # the start of an event whose end has not arrived yet
 
     def feed(self, chunk: bytes) -> bytes:
-        if not self._pending and chunk.endswith(b"\n\n") and b'"usage"' not in chunk:
-            return chunk  # whole events, no usage: as it came (the common case, no copy)
-        data = self._pending + chunk if self._pending else chunk
+        data = self.held + chunk if self.held else chunk
         end = data.rfind(b"\n\n")
         if end < 0:
-            self._pending = data
+            self.held = data
             return b""
-        complete, self._pending = data[: end + 2], data[end + 2 :]
+        complete, self.held = data[: end + 2], data[end + 2 :]
         if b'"usage"' not in complete:
             return complete
         events = complete.split(b"\n\n")
         return b"".join(e + b"\n\n" for e in events if e and not _usage_only(e))
 
     def rest(self) -> bytes:
-        rest, self._pending = self._pending, b""
+        rest, self.held = self.held, b""
         return rest
 
 
