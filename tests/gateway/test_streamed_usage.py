@@ -105,3 +105,15 @@ def test_the_usage_option_is_spliced_into_the_raw_body() -> None:
         "x": 1,
         "include_usage": True,
     }
+
+
+def test_a_usage_event_split_across_chunks_is_still_dropped() -> None:
+    from hiveroute.gateway.proxy import UsageChunkFilter
+
+    content = b'data: {"choices": [{"text": "a"}]}\n\n'
+    usage = b'data: {"choices": [], "usage": {"prompt_tokens": 3}}\n\n'
+    stream = content + usage + b"data: [DONE]\n\n"
+    for cut in range(1, len(stream)):
+        f = UsageChunkFilter()
+        out = f.feed(stream[:cut]) + f.feed(stream[cut:]) + f.rest()
+        assert out == content + b"data: [DONE]\n\n", cut
