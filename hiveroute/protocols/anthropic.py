@@ -14,7 +14,13 @@ import json
 from typing import Any
 
 from hiveroute.errors import BadRequest
-from hiveroute.protocols.common import Message, expect_list, expect_object, text_of_parts
+from hiveroute.protocols.common import (
+    Message,
+    expect_list,
+    expect_object,
+    filled,
+    text_of_parts,
+)
 
 ROLES = frozenset({"user", "assistant", "system"})
 BILLING_HEADER = "x-anthropic-billing-header"
@@ -86,7 +92,7 @@ def conversation_messages(body: dict[str, Any]) -> list[Message]:
         message = _blocks_message(role, blocks, f"messages[{i}].content", messages)
         if message is not None:
             messages.append(message)
-    return messages
+    return filled(messages)
 
 
 def _blocks_message(
@@ -137,16 +143,16 @@ def _blocks_message(
             raise BadRequest(f"'{where}[{i}].type' must be a string", param="messages")
     if role == "system":
         return {"role": "system", "content": "".join(texts)} if texts else None
-    message: Message = {"role": role}
+    message: Message = {"role": role, "content": None}
     if reasoning:
         message["reasoning"] = "".join(reasoning)
     if calls:
         message["tool_calls"] = calls
     if texts:
         message["content"] = "\n".join(texts)
-    if role == "user" and "content" not in message:
+    if role == "user" and message["content"] is None:
         return None
-    if role == "assistant" and len(message) == 1:
+    if role == "assistant" and len(message) == 2 and message["content"] is None:
         return None
     return message
 

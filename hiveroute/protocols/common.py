@@ -61,3 +61,12 @@ def optional_int(body: dict[str, Any], name: str, *, minimum: int | None = None)
     if minimum is not None and value < minimum:
         raise BadRequest(f"'{name}' must be at least {minimum}, got {value}", param=name)
     return value
+
+
+def filled(messages: list[Message]) -> list[Message]:
+    """Messages with no content given "" as content, as vLLM renders them (a message of tool
+    calls only is an empty string to a template that takes string content)."""
+    for message in messages:
+        if message.get("content") is None:
+            message["content"] = ""
+    return messages

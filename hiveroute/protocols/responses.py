@@ -10,7 +10,6 @@ caching treats a Responses conversation exactly like a chat.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ from hiveroute.protocols.common import (
     Message,
     expect_list,
     expect_object,
+    filled,
     optional_string,
     text_of_parts,
 )
@@ -45,14 +45,14 @@ def conversation_messages(
     raw = body.get("input")
     if isinstance(raw, str):
         messages.append({"role": "user", "content": raw})
-        return messages
+        return filled(messages)
     if raw is None:
         raise BadRequest("'input' is required: a string or a list of input items", param="input")
     for i, item in enumerate(expect_list(raw, "input")):
         message = _item_message(expect_object(item, f"input[{i}]"), i, messages)
         if message is not None:
             messages.append(message)
-    return messages
+    return filled(messages)
 
 
 def _item_message(item: dict[str, Any], i: int, messages: list[Message]) -> Message | None:
@@ -72,7 +72,7 @@ def _item_message(item: dict[str, Any], i: int, messages: list[Message]) -> Mess
         if last is not None:
             last.setdefault("tool_calls", []).append(call)
             return None
-        return {"role": "assistant", "tool_calls": [call]}
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
     if kind == "function_call_output":
         output = item.get("output")
         if not isinstance(output, str):
@@ -85,7 +85,7 @@ def _item_message(item: dict[str, Any], i: int, messages: list[Message]) -> Mess
         if last is not None and last.get("reasoning") is None:
             last["reasoning"] = reasoning
             return None
-        return {"role": "assistant", "reasoning": reasoning}
+        return {"role": "assistant", "content": None, "reasoning": reasoning}
     if kind not in (None, "message"):
         raise BadRequest(f"Unsupported input item type: {kind}", param="input")
     role = item.get("role")
@@ -144,7 +144,3 @@ def output_messages(output: Sequence[dict[str, Any]]) -> list[Message]:
                 messages.append({"role": "assistant", "content": part["text"]})
     return messages
 
-
-def function_arguments(arguments: dict[str, Any]) -> str:
-    """Tool-call arguments as the JSON string both APIs carry."""
-    return json.dumps(arguments)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import jinja2
 from aiohttp import web
 
 from hiveroute.errors import BadRequest, NotFound
@@ -45,6 +46,20 @@ def check_model(engine: SimEngine, body: dict[str, Any]) -> str:
             f"The model `{model}` does not exist.", param="model", code="model_not_found"
         )
     return model
+
+
+def chat_prompt(
+    engine: SimEngine, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[int]:
+    """Token ids of chat messages rendered by the model's template, as vLLM renders them; a
+    conversation the template refuses is the client's 400, not the engine's 500."""
+    try:
+        text = engine.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tools=tools
+        )
+    except (jinja2.TemplateError, TypeError, ValueError) as exc:
+        raise BadRequest(f"the chat template cannot render this conversation: {exc}") from None
+    return engine.tokenizer.encode(text, add_special_tokens=False)
 
 
 @dataclass

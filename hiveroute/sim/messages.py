@@ -28,6 +28,7 @@ from hiveroute.sim.intake import (
     MAX_BODY,
     Plan,
     admit,
+    chat_prompt,
     chat_sampling_fields,
     check_model,
     json_response,
@@ -49,10 +50,7 @@ def anthropic_errors(handler: Handler) -> Handler:
 
 
 def _prompt_tokens(engine: SimEngine, body: dict[str, Any]) -> list[int]:
-    text = engine.tokenizer.apply_chat_template(
-        conversation_messages(body), add_generation_prompt=True, tools=chat_tools(body)
-    )
-    return engine.tokenizer.encode(text, add_special_tokens=False)
+    return chat_prompt(engine, conversation_messages(body), chat_tools(body))
 
 
 def _stop_sequences(body: dict[str, Any]) -> list[str] | None:

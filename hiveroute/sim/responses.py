@@ -31,6 +31,7 @@ from hiveroute.sim.intake import (
     MAX_BODY,
     Plan,
     admit,
+    chat_prompt,
     chat_sampling_fields,
     check_model,
     json_response,
@@ -242,12 +243,7 @@ async def create(request: web.Request) -> web.StreamResponse:
                 raise ResponseNotFound(previous_id)
             previous, previous_output = found.messages, output_messages(found.obj["output"])
         messages = conversation_messages(body, previous, previous_output)
-        tokens = engine.tokenizer.encode(
-            engine.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tools=chat_tools(body)
-            ),
-            add_special_tokens=False,
-        )
+        tokens = chat_prompt(engine, messages, chat_tools(body))
         params = sampling_params(
             chat_sampling_fields(
                 max_tokens=optional_int(body, "max_output_tokens", minimum=1), source=body
