@@ -5,7 +5,9 @@ message, then (with `previous_response_id`) the stored conversation of that resp
 system message, then that response's output text as an assistant message, then the new `input`
 (a string is one user message; items map one to one, a `function_call` joins the assistant
 message before it). The chat template renders them as for `/v1/chat/completions`, so prefix
-caching treats a Responses conversation exactly like a chat.
+caching treats a Responses conversation like a chat, with one difference: vLLM 0.32 tokenizes
+the rendered text with the tokenizer's special tokens, so the prompt starts with one more BOS
+than the same conversation sent to `/v1/chat/completions` (see docs/protocols.md).
 """
 
 from __future__ import annotations
@@ -143,4 +145,3 @@ def output_messages(output: Sequence[dict[str, Any]]) -> list[Message]:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 messages.append({"role": "assistant", "content": part["text"]})
     return messages
-

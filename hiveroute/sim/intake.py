@@ -49,17 +49,26 @@ def check_model(engine: SimEngine, body: dict[str, Any]) -> str:
 
 
 def chat_prompt(
-    engine: SimEngine, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    engine: SimEngine,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    add_special_tokens: bool = False,
 ) -> list[int]:
     """Token ids of chat messages rendered by the model's template, as vLLM renders them; a
-    conversation the template refuses is the client's 400, not the engine's 500."""
+    conversation the template refuses is the client's 400, not the engine's 500.
+
+    vLLM 0.32 tokenizes the rendered text of a Responses request with the tokenizer's special
+    tokens (`TokenizeParams` default), so there a BOS precedes the template's own; chat and
+    Messages requests are tokenized without.
+    """
     try:
         text = engine.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tools=tools
         )
     except (jinja2.TemplateError, TypeError, ValueError) as exc:
         raise BadRequest(f"the chat template cannot render this conversation: {exc}") from None
-    return engine.tokenizer.encode(text, add_special_tokens=False)
+    return engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 @dataclass

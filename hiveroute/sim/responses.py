@@ -243,7 +243,7 @@ async def create(request: web.Request) -> web.StreamResponse:
                 raise ResponseNotFound(previous_id)
             previous, previous_output = found.messages, output_messages(found.obj["output"])
         messages = conversation_messages(body, previous, previous_output)
-        tokens = chat_prompt(engine, messages, chat_tools(body))
+        tokens = chat_prompt(engine, messages, chat_tools(body), add_special_tokens=True)
         params = sampling_params(
             chat_sampling_fields(
                 max_tokens=optional_int(body, "max_output_tokens", minimum=1), source=body

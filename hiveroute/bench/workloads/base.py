@@ -23,11 +23,18 @@ Message = dict[str, Any]
 
 @dataclass
 class BenchRequest:
-    """One request a unit wants sent: chat `messages` or a completion `prompt`."""
+    """One request a unit wants sent: chat `messages` or a completion `prompt`; with `api`
+    "responses" (`input_items`, `instructions`, `previous_response_id`) or "messages"
+    (Anthropic `messages` and `system`), through that API instead (see bench/apis.py)."""
 
     max_tokens: int
     messages: list[Message] | None = None
     prompt: str | None = None
+    api: str | None = None
+    input_items: list[Message] | str | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    system: str | list[Message] | None = None
     workflow_id: str | None = None
     agent_id: str | None = None
     agent_role: str | None = None
@@ -57,6 +64,7 @@ class Reply:
     text: str
     ok: bool
     error: str | None = None
+    response_id: str | None = None  # the Responses API's id, for `previous_response_id`
 
 
 class UnitFailed(Exception):
