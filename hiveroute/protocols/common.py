@@ -70,3 +70,20 @@ def filled(messages: list[Message]) -> list[Message]:
         if message.get("content") is None:
             message["content"] = ""
     return messages
+
+
+def developer_as_system(messages: list[Message], chat_template: str | None) -> list[Message]:
+    """vLLM's rendering of the `developer` role for a template that does not name it: each
+    becomes a system message, and the system messages are then merged, in order and joined by
+    a blank line, into one at the start (when one is not already alone at the start)."""
+    if chat_template is None or not any(m.get("role") == "developer" for m in messages):
+        return messages
+    if '"developer"' in chat_template or "'developer'" in chat_template:
+        return messages
+    converted = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+    systems = [i for i, m in enumerate(converted) if m.get("role") == "system"]
+    if systems in ([], [0]):
+        return converted
+    texts = [converted[i].get("content") or "" for i in systems]
+    merged = {"role": "system", "content": "\n\n".join(t for t in texts if t)}
+    return [merged, *(m for m in converted if m.get("role") != "system")]

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from hiveroute.errors import BadRequest, NotFound
 from hiveroute.gateway.body import parse_json_object
+from hiveroute.protocols.common import developer_as_system
 from hiveroute.sim.engine import Output, RequestHandle, SamplingParams, SimEngine
 
 INTAKE_MAX_WAIT = 0.002  # seconds a request's intake may wait for a gap between step ends
@@ -62,6 +63,8 @@ def chat_prompt(
     tokens (`TokenizeParams` default), so there a BOS precedes the template's own; chat and
     Messages requests are tokenized without.
     """
+    template = getattr(engine.tokenizer, "chat_template", None)
+    messages = developer_as_system(messages, template if isinstance(template, str) else None)
     try:
         text = engine.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tools=tools
