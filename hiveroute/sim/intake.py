@@ -14,12 +14,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import jinja2
 from aiohttp import web
 
 from hiveroute.errors import BadRequest, NotFound
 from hiveroute.gateway.body import parse_json_object
-from hiveroute.protocols.common import developer_as_system
 from hiveroute.sim.engine import Output, RequestHandle, SamplingParams, SimEngine
 
 INTAKE_MAX_WAIT = 0.002  # seconds a request's intake may wait for a gap between step ends
@@ -47,31 +45,6 @@ def check_model(engine: SimEngine, body: dict[str, Any]) -> str:
             f"The model `{model}` does not exist.", param="model", code="model_not_found"
         )
     return model
-
-
-def chat_prompt(
-    engine: SimEngine,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    *,
-    add_special_tokens: bool = False,
-) -> list[int]:
-    """Token ids of chat messages rendered by the model's template, as vLLM renders them; a
-    conversation the template refuses is the client's 400, not the engine's 500.
-
-    vLLM 0.32 tokenizes the rendered text of a Responses request with the tokenizer's special
-    tokens (`TokenizeParams` default), so there a BOS precedes the template's own; chat and
-    Messages requests are tokenized without.
-    """
-    template = getattr(engine.tokenizer, "chat_template", None)
-    messages = developer_as_system(messages, template if isinstance(template, str) else None)
-    try:
-        text = engine.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tools=tools
-        )
-    except (jinja2.TemplateError, TypeError, ValueError) as exc:
-        raise BadRequest(f"the chat template cannot render this conversation: {exc}") from None
-    return engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 @dataclass

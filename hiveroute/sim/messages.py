@@ -20,15 +20,15 @@ from aiohttp import web
 
 from hiveroute.errors import BadRequest, HiverouteError
 from hiveroute.gateway.body import parse_json_object, read_body
-from hiveroute.protocols.anthropic import chat_tools, conversation_messages, error_body
+from hiveroute.protocols.anthropic import error_body
 from hiveroute.protocols.common import expect_object, optional_int
+from hiveroute.protocols.prompts import messages_prompt
 from hiveroute.sim.engine import RequestHandle, SimEngine
 from hiveroute.sim.intake import (
     ENGINE_KEY,
     MAX_BODY,
     Plan,
     admit,
-    chat_prompt,
     chat_sampling_fields,
     check_model,
     json_response,
@@ -47,10 +47,6 @@ def anthropic_errors(handler: Handler) -> Handler:
             return json_response(error_body(exc.status, exc.message), status=exc.status)
 
     return wrapped
-
-
-def _prompt_tokens(engine: SimEngine, body: dict[str, Any]) -> list[int]:
-    return chat_prompt(engine, conversation_messages(body), chat_tools(body))
 
 
 def _stop_sequences(body: dict[str, Any]) -> list[str] | None:
@@ -101,7 +97,7 @@ async def create(request: web.Request) -> web.StreamResponse:
             raise BadRequest("'stream' must be true or false", param="stream")
         if body.get("metadata") is not None:
             expect_object(body["metadata"], "metadata")
-        tokens = _prompt_tokens(engine, body)
+        tokens = messages_prompt(engine.tokenizer, body)
         params = sampling_params(
             chat_sampling_fields(max_tokens=max_tokens, stop=_stop_sequences(body), source=body),
             chat=True,
@@ -213,7 +209,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     body = parse_json_object(await read_body(request, MAX_BODY))
     check_model(engine, body)
-    count = len(_prompt_tokens(engine, body))
+    count = len(messages_prompt(engine.tokenizer, body))
     return json_response(
         {"input_tokens": count, "context_management": {"original_input_tokens": count}}
     )

@@ -24,14 +24,14 @@ from aiohttp import web
 from hiveroute.errors import BadRequest, HiverouteError, NotFound
 from hiveroute.gateway.body import read_body
 from hiveroute.protocols.common import Message, optional_int
-from hiveroute.protocols.responses import chat_tools, conversation_messages, output_messages
+from hiveroute.protocols.prompts import responses_prompt
+from hiveroute.protocols.responses import output_messages
 from hiveroute.sim.engine import RequestHandle, SimEngine
 from hiveroute.sim.intake import (
     ENGINE_KEY,
     MAX_BODY,
     Plan,
     admit,
-    chat_prompt,
     chat_sampling_fields,
     check_model,
     json_response,
@@ -242,8 +242,7 @@ async def create(request: web.Request) -> web.StreamResponse:
             if found is None:
                 raise ResponseNotFound(previous_id)
             previous, previous_output = found.messages, output_messages(found.obj["output"])
-        messages = conversation_messages(body, previous, previous_output)
-        tokens = chat_prompt(engine, messages, chat_tools(body), add_special_tokens=True)
+        messages, tokens = responses_prompt(engine.tokenizer, body, previous, previous_output)
         params = sampling_params(
             chat_sampling_fields(
                 max_tokens=optional_int(body, "max_output_tokens", minimum=1), source=body
