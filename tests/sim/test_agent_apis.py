@@ -6,6 +6,7 @@ tiny model; see docs/protocols.md).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -313,3 +314,44 @@ async def test_messages_tool_results_and_errors_in_anthropics_shape(
                     assert 400 <= r.status < 500, (path, payload)
                     assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
                     assert body["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/responses", {"input": PROMPT, "max_output_tokens": 1000, "stream": True}),
+        (
+            "/v1/messages",
+            {"max_tokens": 1000, "stream": True, "messages": [{"role": "user", "content": PROMPT}]},
+        ),
+    ],
+)
+async def test_a_client_that_leaves_a_stream_frees_its_blocks(
+    sim_fleet: FleetFactory, path: str, body: dict[str, Any]
+) -> None:
+    fleet = await sim_fleet(time_scale=5.0)  # slow steps, so the request is still running
+    engine = fleet.engines[0]
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(f"{engine.url}{path}", json=body)
+        await resp.content.readline()  # the first event arrived: the request holds blocks
+        assert engine.scheduler.running and engine.pool.usage() > 0
+        resp.close()
+        for _ in range(100):
+            if not engine.scheduler.running:
+                break
+            await asyncio.sleep(0.02)
+    assert not engine.scheduler.running and engine.pool.usage() == 0.0
+
+
+async def test_fault_knobs_answer_in_each_apis_shape(sim_fleet: FleetFactory) -> None:
+    fleet = await sim_fleet()
+    engine = fleet.engines[0]
+    engine.faults.update({"fail_fraction": 1.0, "fail_status": 503})
+    async with aiohttp.ClientSession() as http:
+        ask = {"max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+        async with http.post(f"{engine.url}/v1/messages", json=ask) as r:
+            assert r.status == 503
+            assert (await r.json())["error"]["type"] == "overloaded_error"
+        async with http.post(f"{engine.url}/v1/responses", json={"input": "x"}) as r:
+            assert r.status == 503
+            assert (await r.json())["error"]["code"] == 503
