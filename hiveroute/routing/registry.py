@@ -23,6 +23,7 @@ from hiveroute.errors import ConfigError
 from hiveroute.kvindex.service import get_kv_index, get_tokenizer
 from hiveroute.routing.base import Filter, Picker, Plugin, Scorer
 from hiveroute.routing.cache_aware import ApproxPrefixScorer, KvTtftScorer, LoadGuardFilter
+from hiveroute.routing.live_set import live_set
 from hiveroute.routing.pickers import MaxScorePicker, RoundRobinPicker
 from hiveroute.routing.policy import Policy, WeightedScorer
 from hiveroute.routing.scorers import LoadScorer, SessionAffinityScorer
@@ -52,6 +53,7 @@ PLUGINS: dict[str, PluginFactory] = {
         get_kv_index(ctx.services),
         get_tokenizer(ctx.services),
         TtftLedger.shared(ctx.services, drain_backlog=drain_backlog),
+        live_set(ctx.services),
         **kw,
     ),
     "prefix_affinity": lambda ctx, **kw: ApproxPrefixScorer(get_tokenizer(ctx.services), **kw),
@@ -81,8 +83,7 @@ BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
         "picker": "max_score",
     },
     "kv": {
-        # looser than `prefix`'s guard: the TTFT prediction already weighs the load
-        "filters": [{"name": "load_guard", "load_factor": 2.0, "slack": 8}],
+        # no load guard: the cost (routing/cost.py) already weighs each engine's load
         "scorers": [{"name": "kv_ttft", "weight": 1.0}],
         "picker": "max_score",
     },

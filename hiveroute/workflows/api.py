@@ -12,7 +12,7 @@ from hiveroute.gateway.body import parse_json_object, read_body
 from hiveroute.gateway.completions import ROUTER_KEY
 from hiveroute.workflows.expansion import SEPARATOR, canonical_order
 from hiveroute.workflows.openapi import handle_openapi
-from hiveroute.workflows.placement import new_home
+from hiveroute.workflows.placement import new_context_home
 from hiveroute.workflows.registry import WorkflowView, check_id
 from hiveroute.workflows.scope import scoped
 from hiveroute.workflows.service import WorkflowService, get_workflow_service
@@ -171,7 +171,7 @@ async def _prewarm(service: WorkflowService, view: WorkflowView) -> None:
     if not candidates:
         return
     if view.home is None:
-        best = new_home(service, candidates)
+        best = new_context_home(service, candidates, len(prefix))
         await service.registry.claim_home(view, best.name)
     engine = router.pool.get(view.home) if view.home else None
     if engine is not None and engine.healthy:
