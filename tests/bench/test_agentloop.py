@@ -8,10 +8,12 @@ from collections import defaultdict
 from typing import Any
 
 import aiohttp
+from multidict import CIMultiDict
 
 from hiveroute.bench.driver import CellRun, DriverOptions
 from hiveroute.bench.workloads.agentloop import AgentLoopConfig, AgentLoopWorkload
 from hiveroute.bench.workloads.base import BenchRequest, GapDistribution, Reply
+from hiveroute.metadata import extract_metadata
 from hiveroute.sim import SimConfig, SimFleet
 
 
@@ -115,3 +117,77 @@ async def test_agentloop_runs_against_the_simulator_with_cache_hits() -> None:
             # the previous step's prompt is cached: all its full blocks hit
             assert record.cached_tokens >= (previous.prompt_tokens // 16 - 1) * 16
         assert all(r.ttft_s is not None and r.completion_tokens == 4 for r in records)
+
+
+async def test_subagents_fork_the_parents_context_with_native_identity() -> None:
+    responses_unit, messages_unit = list(_workload(api="both", subagents=2).units())
+    assert responses_unit.planned_requests == 3 + 2 * 2
+    ctx = ChainContext()
+    await responses_unit.run(ctx)
+    main = responses_unit.unit_id
+    subs = [r for r in ctx.sent if r.agent_id != main]
+    assert len(subs) == 4 and len(ctx.sent) == 7
+    firsts = [r for r in subs if r.stage == "step1"]
+    assert {r.previous_response_id for r in firsts} == {"resp_1"}  # both fork step 1's answer
+    for request in subs:
+        headers = request.headers()
+        assert headers["session-id"] == main and headers["thread-id"] == request.agent_id
+        assert headers["x-codex-parent-thread-id"] == main
+        meta, _ = extract_metadata({}, CIMultiDict(headers))
+        assert (meta.session_id, meta.agent_id, meta.parent_agent_id) == (
+            main,
+            request.agent_id,
+            main,
+        )
+    after = [r for r in ctx.sent if r.agent_id == main][1]
+    assert [i["call_id"] for i in after.input_items or []] == [
+        f"call_{main}-sub0",
+        f"call_{main}-sub1",
+    ]
+    assert ctx.sent[0].headers() == {"session-id": main, "thread-id": main}
+
+    ctx = ChainContext()
+    await messages_unit.run(ctx)
+    main = messages_unit.unit_id
+    parent_first = ctx.sent[0].messages or []
+    sub_firsts = [r for r in ctx.sent if r.agent_id != main and r.stage == "step1"]
+    assert len(sub_firsts) == 2
+    for request in sub_firsts:
+        history = request.messages or []
+        assert history[: len(parent_first)] == parent_first  # the parent's context, then its own
+        assert history[-1]["content"].startswith("subtask")
+        assert request.headers() == {
+            "x-claude-code-session-id": main,
+            "x-claude-code-agent-id": request.agent_id,
+        }
+    assert ctx.sent[0].headers() == {"x-claude-code-session-id": main}
+    hiveroute_ids = _workload(api="messages", identity="hiveroute")
+    ctx = ChainContext()
+    await next(iter(hiveroute_ids.units())).run(ctx)
+    assert ctx.sent[0].headers()["X-Session-Id"] == ctx.sent[0].session_id
+
+
+async def test_subagents_against_the_simulator_all_succeed() -> None:
+    fleet = SimFleet(
+        SimConfig(engines=1, base_port=0, events_base_port=0, preset="fast", kv_events=False)
+    )
+    await fleet.start()
+    workload = _workload(agents=2, steps=2, subagents=3, tool_time=GapDistribution("const", 0))
+    async with aiohttp.ClientSession() as http:
+        run = CellRun(
+            http,
+            [fleet.engines[0].url],
+            "sim-model",
+            target="engine",
+            workload="agentloop",
+            options=DriverOptions(duration_s=60),
+        )
+        try:
+            await run.run(workload.units())
+        finally:
+            await fleet.stop()
+    assert len(run.records) == 2 * (2 + 3 * 2)
+    assert all(r.ok for r in run.records), [r.error for r in run.records]
+    forks = [r for r in run.records if r.stage == "step1" and r.agent_role == "subagent"]
+    # a subagent starts from its parent's context: most of its first prompt is cached
+    assert len(forks) == 6 and all(r.cached_tokens > r.prompt_tokens // 2 for r in forks)

@@ -8,11 +8,20 @@ names the previous response (`previous_response_id`), so the engine that stored 
 history; on the Messages API every step resends the whole history, the assistant's `tool_use`
 and the user's `tool_result` blocks included. Either way the prompt grows by one turn a step and
 its prefix is the previous step's prompt: what a cache-aware router keeps on one engine.
+
+With `--subagents N` each agent spawns N subagents after its first step, in parallel, each
+starting from the parent's context (a Responses subagent forks the parent's latest response, a
+Messages subagent resends the parent's conversation with its subtask) and running its own loop;
+their answers go back to the parent as tool results. Requests carry the identity the agents
+themselves send (Codex's `session-id` / `thread-id` / `x-codex-parent-thread-id`, Claude Code's
+`x-claude-code-session-id` / `x-claude-code-agent-id`), or hiveroute's headers with
+`--agent-identity hiveroute`.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -33,6 +42,7 @@ from hiveroute.bench.workloads.base import (
 from hiveroute.bench.workloads.text import labelled_filler, rng_for
 
 APIS = ("responses", "messages", "both")
+IDENTITIES = ("native", "hiveroute")
 
 
 @dataclass
@@ -46,6 +56,10 @@ class AgentLoopConfig:
     result_tokens: int = 128
     answer_tokens: int = 48
     tool_time: GapDistribution = field(default_factory=lambda: GapDistribution("exp", 0.5))
+    subagents: int = 0  # spawned in parallel by each agent after its `fan_out_step`-th step
+    subagent_steps: int = 2
+    fan_out_step: int = 0
+    identity: str = "native"  # the agents' own headers (Codex's, Claude Code's) or hiveroute's
     seed: int = 0
     namespace: str = ""
 
@@ -61,6 +75,8 @@ class AgentLoopWorkload:
     def __init__(self, config: AgentLoopConfig) -> None:
         if config.api not in APIS:
             raise ValueError(f"api must be one of {', '.join(APIS)}")
+        if config.identity not in IDENTITIES:
+            raise ValueError(f"identity must be one of {', '.join(IDENTITIES)}")
         self.config = config
 
     def describe(self) -> dict[str, Any]:
@@ -83,56 +99,96 @@ class AgentLoopWorkload:
                 kind=f"agent-{api}",
                 arrival_s=arrival,
                 program=program.run,
-                planned_requests=c.steps,
+                planned_requests=c.steps + c.subagents * c.subagent_steps,
             )
 
 
 class _Loop:
-    """What both APIs share: the prompt texts, the metadata, and the tool-time waits."""
+    """What both APIs share: the prompt texts, the identity, and the tool-time waits."""
 
     def __init__(self, c: AgentLoopConfig, index: int, agent_id: str) -> None:
         self.c = c
         self.index = index
-        self.agent_id = agent_id
+        self.agent_id = agent_id  # also the session: subagents share it
         lead = (c.namespace + "\n") if c.namespace else ""
         self.system = lead + labelled_filler("tools", c.system_tokens, c.seed, "agentloop")
         self.task = labelled_filler("task", c.task_tokens, c.seed, index)
         self.rng = rng_for("tool-time", c.seed, index)
 
-    def result(self, step: int) -> str:
-        return labelled_filler("result", self.c.result_tokens, self.c.seed, self.index, step)
+    def result(self, name: str, step: int) -> str:
+        return labelled_filler("result", self.c.result_tokens, self.c.seed, name, step)
 
-    def request(self, step: int, parents: list[str], gap: float, **fields: Any) -> BenchRequest:
+    def subtask(self, i: int) -> str:
+        return labelled_filler("subtask", self.c.task_tokens, self.c.seed, self.index, i)
+
+    def identity(self, name: str, parent: str | None) -> dict[str, str]:
+        raise NotImplementedError
+
+    def request(
+        self,
+        name: str,
+        parent: str | None,
+        step: int,
+        parents: list[str],
+        gap: float,
+        **fields: Any,
+    ) -> BenchRequest:
+        native = self.c.identity == "native"
         return BenchRequest(
             max_tokens=self.c.answer_tokens,
             session_id=self.agent_id,
-            agent_id=self.agent_id,
-            agent_role="coder",
+            agent_id=name,
+            agent_role="coder" if parent is None else "subagent",
             stage=f"step{step + 1}",
             parents=parents,
             planned_gap_s=gap,
+            identity_headers=self.identity(name, parent) if native else None,
             **fields,
         )
 
-    async def tool(self, ctx: UnitContext, step: int) -> float:
-        """The tool call between two steps (0 after the last one)."""
-        if step + 1 >= self.c.steps:
+    async def tool(self, ctx: UnitContext, step: int, steps: int) -> float:
+        """The tool call between two steps (none after the last one)."""
+        if step + 1 >= steps:
             return 0.0
         gap = self.c.tool_time.sample(self.rng)
         await ctx.sleep(gap)
         return gap
 
+    def fans_out(self, parent: str | None, step: int) -> bool:
+        return parent is None and self.c.subagents > 0 and step == self.c.fan_out_step
+
 
 class _ResponsesLoop(_Loop):
+    """Codex-style: Codex's session and thread headers; a subagent forks the parent's latest
+    response (`previous_response_id`) as Codex's spawned threads continue its context."""
+
+    def identity(self, name: str, parent: str | None) -> dict[str, str]:
+        headers = {"session-id": self.agent_id, "thread-id": name}
+        if parent is not None:
+            headers["x-codex-parent-thread-id"] = parent
+            headers["x-openai-subagent"] = "collab_spawn"
+        return headers
+
     async def run(self, ctx: UnitContext) -> None:
-        items: list[Message] | str = self.task
-        previous: str | None = None
-        parents: list[str] = []
-        gap = 0.0
-        for step in range(self.c.steps):
+        await self.agent(ctx, self.agent_id, None, self.task, None, self.c.steps, [])
+
+    async def agent(
+        self,
+        ctx: UnitContext,
+        name: str,
+        parent: str | None,
+        items: list[Message] | str,
+        previous: str | None,
+        steps: int,
+        parents: list[str],
+    ) -> str:
+        gap, text = 0.0, ""
+        for step in range(steps):
             reply = await must(
                 ctx,
                 self.request(
+                    name,
+                    parent,
                     step,
                     parents,
                     gap,
@@ -142,40 +198,105 @@ class _ResponsesLoop(_Loop):
                     previous_response_id=previous,
                 ),
             )
-            previous, parents = reply.response_id, [reply.request_id]
-            call_id = f"call_{self.index}_{step}"
+            previous, parents, text = reply.response_id, [reply.request_id], reply.text
+            outputs = [(f"call_{name}_{step}", self.result(name, step))]
+            if self.fans_out(parent, step):
+                subs = [f"{name}-sub{i}" for i in range(self.c.subagents)]
+                texts = await asyncio.gather(
+                    *(
+                        self.agent(
+                            ctx,
+                            sub,
+                            name,
+                            self.subtask(i),
+                            previous,
+                            self.c.subagent_steps,
+                            parents,
+                        )
+                        for i, sub in enumerate(subs)
+                    )
+                )
+                outputs = [(f"call_{sub}", t) for sub, t in zip(subs, texts, strict=True)]
             items = [
-                {"type": "function_call_output", "call_id": call_id, "output": self.result(step)}
+                {"type": "function_call_output", "call_id": call_id, "output": output}
+                for call_id, output in outputs
             ]
-            gap = await self.tool(ctx, step)
+            gap = await self.tool(ctx, step, steps)
+        return text
 
 
 class _MessagesLoop(_Loop):
+    """Claude Code-style: its session header on every request, the agent header on a
+    subagent's; a subagent starts from the parent's whole conversation, with its subtask."""
+
+    def identity(self, name: str, parent: str | None) -> dict[str, str]:
+        headers = {"x-claude-code-session-id": self.agent_id}
+        if parent is not None:
+            headers["x-claude-code-agent-id"] = name
+        return headers
+
     async def run(self, ctx: UnitContext) -> None:
         history: list[Message] = [{"role": "user", "content": self.task}]
+        await self.agent(ctx, self.agent_id, None, history, self.c.steps, [])
+
+    async def agent(
+        self,
+        ctx: UnitContext,
+        name: str,
+        parent: str | None,
+        history: list[Message],
+        steps: int,
+        parents: list[str],
+    ) -> str:
         system = [{"type": "text", "text": self.system, "cache_control": {"type": "ephemeral"}}]
-        parents: list[str] = []
-        gap = 0.0
-        for step in range(self.c.steps):
+        gap, text = 0.0, ""
+        for step in range(steps):
             reply = await must(
                 ctx,
                 self.request(
-                    step, parents, gap, api="messages", system=system, messages=list(history)
+                    name,
+                    parent,
+                    step,
+                    parents,
+                    gap,
+                    api="messages",
+                    system=system,
+                    messages=list(history),
                 ),
             )
-            parents = [reply.request_id]
-            tool_use_id = f"toolu_{self.index}_{step}"
+            parents, text = [reply.request_id], reply.text
+            calls = [(f"toolu_{name}_{step}", self.result(name, step))]
+            if self.fans_out(parent, step):
+                subs = [f"{name}-sub{i}" for i in range(self.c.subagents)]
+                start = [*history, {"role": "assistant", "content": reply.text}]
+                texts = await asyncio.gather(
+                    *(
+                        self.agent(
+                            ctx,
+                            sub,
+                            name,
+                            [*start, {"role": "user", "content": self.subtask(i)}],
+                            self.c.subagent_steps,
+                            parents,
+                        )
+                        for i, sub in enumerate(subs)
+                    )
+                )
+                calls = [(f"toolu_{sub}", t) for sub, t in zip(subs, texts, strict=True)]
             history.append(
                 {
                     "role": "assistant",
                     "content": [
                         {"type": "text", "text": reply.text},
-                        {
-                            "type": "tool_use",
-                            "id": tool_use_id,
-                            "name": "run",
-                            "input": {"step": step},
-                        },
+                        *(
+                            {
+                                "type": "tool_use",
+                                "id": call_id,
+                                "name": "run",
+                                "input": {"step": step},
+                            }
+                            for call_id, _ in calls
+                        ),
                     ],
                 }
             )
@@ -183,15 +304,13 @@ class _MessagesLoop(_Loop):
                 {
                     "role": "user",
                     "content": [
-                        {
-                            "type": "tool_result",
-                            "tool_use_id": tool_use_id,
-                            "content": self.result(step),
-                        }
+                        {"type": "tool_result", "tool_use_id": call_id, "content": result}
+                        for call_id, result in calls
                     ],
                 }
             )
-            gap = await self.tool(ctx, step)
+            gap = await self.tool(ctx, step, steps)
+        return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -221,6 +340,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--agent-result-tokens", type=positive_int, default=d.result_tokens)
     g.add_argument("--agent-answer-tokens", type=positive_int, default=d.answer_tokens)
     g.add_argument(
+        "--subagents",
+        type=non_negative_int,
+        default=d.subagents,
+        help="subagents each agent spawns in parallel (after its first step)",
+    )
+    g.add_argument("--subagent-steps", type=positive_int, default=d.subagent_steps)
+    g.add_argument(
+        "--agent-identity",
+        choices=IDENTITIES,
+        default=d.identity,
+        help="send the agents' own session headers (native) or hiveroute's X-* headers",
+    )
+    g.add_argument(
         "--tool-time",
         type=gap_distribution,
         default=d.tool_time,
@@ -241,6 +373,9 @@ def from_args(args: argparse.Namespace, seed: int, namespace: str) -> AgentLoopW
             result_tokens=args.agent_result_tokens,
             answer_tokens=args.agent_answer_tokens,
             tool_time=args.tool_time,
+            subagents=args.subagents,
+            subagent_steps=args.subagent_steps,
+            identity=args.agent_identity,
             seed=seed,
             namespace=namespace,
         )
