@@ -149,7 +149,7 @@ async def test_responses_sdk_stream_and_stored_answer_agree(sim_fleet: FleetFact
 
 
 async def test_responses_background_cancel_and_errors(sim_fleet: FleetFactory) -> None:
-    fleet = await sim_fleet()
+    fleet = await sim_fleet(time_scale=5.0)  # slow steps: the background request still runs
     url = fleet.engines[0].url
     client = _openai(url)
     done = await client.responses.create(model="sim-model", input="x", max_output_tokens=2)
