@@ -15,6 +15,7 @@ from typing import Any
 
 from hiveroute.errors import BadRequest
 from hiveroute.protocols.common import (
+    BILLING_HEADER,
     Message,
     expect_list,
     expect_object,
@@ -23,7 +24,6 @@ from hiveroute.protocols.common import (
 )
 
 ROLES = frozenset({"user", "assistant", "system"})
-BILLING_HEADER = "x-anthropic-billing-header"
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
 ERROR_TYPES = {

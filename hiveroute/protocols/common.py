@@ -87,3 +87,22 @@ def developer_as_system(messages: list[Message], chat_template: str | None) -> l
     texts = [converted[i].get("content") or "" for i in systems]
     merged = {"role": "system", "content": "\n\n".join(t for t in texts if t)}
     return [merged, *(m for m in converted if m.get("role") != "system")]
+
+
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def without_billing_header(messages: list[Message]) -> list[Message]:
+    """vLLM's chat rendering drops, from system messages, text starting with Claude Code's
+    per-request attribution header (it would defeat prefix caching), whatever API sent it."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if (
+            m.get("role") == "system"
+            and isinstance(content, str)
+            and content.startswith(BILLING_HEADER)
+        ):
+            m = {**m, "content": ""}
+        out.append(m)
+    return out

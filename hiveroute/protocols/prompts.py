@@ -14,7 +14,7 @@ import jinja2
 from hiveroute.errors import BadRequest
 from hiveroute.kvindex.tokenizer import Tokenizer
 from hiveroute.protocols import anthropic, responses
-from hiveroute.protocols.common import Message, developer_as_system
+from hiveroute.protocols.common import Message, developer_as_system, without_billing_header
 
 
 def render(
@@ -24,10 +24,12 @@ def render(
     *,
     add_special_tokens: bool,
 ) -> list[int]:
-    """Chat messages through the model's template, then tokenized, as vLLM does; a conversation
-    the template refuses is the client's 400."""
+    """Chat messages through the model's template, then tokenized, as vLLM does (the developer
+    role and Claude Code's billing header as its chat renderer treats them); a conversation the
+    template refuses is the client's 400."""
     template = getattr(tokenizer, "chat_template", None)
     messages = developer_as_system(messages, template if isinstance(template, str) else None)
+    messages = without_billing_header(messages)
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
     except (jinja2.TemplateError, TypeError, ValueError) as exc:

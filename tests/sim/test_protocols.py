@@ -140,3 +140,25 @@ def test_anthropic_error_types_follow_the_status() -> None:
     }
     assert anthropic.error_body(503, "busy")["error"]["type"] == "overloaded_error"
     assert anthropic.error_body(418, "tea")["error"]["type"] == "invalid_request_error"
+
+
+def test_the_billing_header_never_reaches_the_template() -> None:
+    from hiveroute.kvindex.tokenizer import BuiltinTokenizer
+    from hiveroute.protocols.prompts import messages_prompt, responses_prompt
+
+    tokenizer = BuiltinTokenizer()
+    header = "x-anthropic-billing-header: cc_version=2; cch=abc;"
+    plain = messages_prompt(
+        tokenizer, {"system": "s", "messages": [{"role": "user", "content": "u"}]}
+    )
+    with_header = messages_prompt(
+        tokenizer,
+        {
+            "system": [{"type": "text", "text": header}, {"type": "text", "text": "s"}],
+            "messages": [{"role": "user", "content": "u"}],
+        },
+    )
+    assert with_header == plain
+    _, first = responses_prompt(tokenizer, {"instructions": header, "input": "u"})
+    _, second = responses_prompt(tokenizer, {"instructions": header + " other", "input": "u"})
+    assert first == second  # the system message is emptied, as vLLM's chat renderer does
