@@ -126,6 +126,7 @@ class WorkflowService:
                 router.components.append(store)  # type: ignore[arg-type]
         if not hasattr(services["state_store"], "start"):  # in memory: always up
             router.metrics.state.backend_up.labels(services["state_store"].name).set(1)
+        router.metrics.state.known_backend(services["state_store"].name)
         service = cls(
             services["state_store"],
             services["tokenizer"],
