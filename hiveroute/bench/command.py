@@ -56,7 +56,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, slices: int) -> None:
         action="append",
         metavar="KIND[:POLICY]",
         help="hiveroute:POLICY (best = the most capable), hiveroute-inproc:POLICY, "
-        "sglang[:POLICY], vllm-router[:POLICY], engine; repeat for several",
+        "sglang[:POLICY], vllm-router[:POLICY], engine, or http://HOST:PORT (a deployment "
+        "already running: no engines are started for it); repeat for several",
     )
     parser.add_argument(
         "--workload",

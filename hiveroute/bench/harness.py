@@ -126,12 +126,17 @@ async def run_benchmark(options: RunOptions) -> RunResult:
     try:
         for spec in options.targets:
             tag = spec.label.replace(":", "-")
-            _say(
-                options,
-                f"starting {options.engines.count} {options.engines.kind} engines and {spec.label}",
-            )
-            factory = options.fleet_factory or start_fleet
-            fleet = await factory(options.engines, logs / f"engines-{tag}.log")
+            if spec.external:  # a running deployment: its engines are its own
+                _say(options, f"using {spec.label}")
+                fleet = Fleet(specs=[], urls=[], kind="external")
+            else:
+                _say(
+                    options,
+                    f"starting {options.engines.count} {options.engines.kind} engines and "
+                    f"{spec.label}",
+                )
+                factory = options.fleet_factory or start_fleet
+                fleet = await factory(options.engines, logs / f"engines-{tag}.log")
             fleets.append(fleet)
             running.append(
                 await start_target(
@@ -146,7 +151,11 @@ async def run_benchmark(options: RunOptions) -> RunResult:
         async with aiohttp.ClientSession(connector=connector) as http:
             # Ask the engines, not the target: SGLang's router answers /v1/models with its own
             # placeholder name ("unknown") for engines that lack SGLang's /model_info.
-            models = [await _model_of(http, fleet.urls[0]) for fleet in fleets]
+            # A running deployment's engines are unknown: ask the deployment itself.
+            models = [
+                await _model_of(http, fleet.urls[0] if fleet.urls else target.url)
+                for fleet, target in zip(fleets, running, strict=True)
+            ]
             slice_driver = DriverOptions(
                 **{
                     **options.driver.__dict__,
