@@ -32,6 +32,7 @@ from hiveroute.bench.summary import engine_cache_counts, markdown_table, summari
 from hiveroute.bench.targets import RunningTarget, TargetSpec, start_target
 from hiveroute.bench.workloads import build_workload
 from hiveroute.bench.workloads.base import Unit
+from hiveroute.extras import install_hint
 
 
 @dataclass
@@ -281,12 +282,16 @@ def _write(
                 f.write(json.dumps({"target": cell.target, **s.to_json()}) + "\n")
     (run_dir / "summary.json").write_text(json.dumps({**meta, "cells": summaries}, indent=2))
     records = [r for cell in cells.values() for r in cell.records]
-    plots.ttft_cdf(records, workloads, run_dir / "ttft_cdf.png")
-    plots.hit_rate(summaries, run_dir / "hit_rate.png")
-    plots.engine_load(
-        [(cell.target, s) for cell in cells.values() for s in cell.loads],
-        run_dir / "engine_load.png",
-    )
+    if plots.available():
+        plots.ttft_cdf(records, workloads, run_dir / "ttft_cdf.png")
+        plots.hit_rate(summaries, run_dir / "hit_rate.png")
+        plots.engine_load(
+            [(cell.target, s) for cell in cells.values() for s in cell.loads],
+            run_dir / "engine_load.png",
+        )
+        images = "![TTFT CDF](ttft_cdf.png) ![hit rate](hit_rate.png) ![engine load](engine_load.png)"
+    else:
+        images = f"(No plots: matplotlib is not installed; {install_hint('bench')} adds them.)"
     env = meta["environment"]
     lines = [
         f"# hiveroute bench: {', '.join(meta['targets'])} × {', '.join(workloads)}",
@@ -305,7 +310,7 @@ def _write(
         "the last token of the step(s) a request depends on to its own first token, minus the "
         "planned tool or think time; *hit rate* is cached / prompt tokens from `usage`.",
         "",
-        "![TTFT CDF](ttft_cdf.png) ![hit rate](hit_rate.png) ![engine load](engine_load.png)",
+        images,
         "",
         "Files: `requests.jsonl` (one line per request), `units.jsonl`, `load.jsonl`, "
         "`summary.json`, `logs/`.",

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hiveroute.bench.records import LoadSample, RequestRecord
+
+
+def available() -> bool:
+    """Whether matplotlib (the `bench` extra) is installed; without it runs write no PNGs."""
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _pyplot() -> Any:
