@@ -289,7 +289,9 @@ def _write(
             [(cell.target, s) for cell in cells.values() for s in cell.loads],
             run_dir / "engine_load.png",
         )
-        images = "![TTFT CDF](ttft_cdf.png) ![hit rate](hit_rate.png) ![engine load](engine_load.png)"
+        images = (
+            "![TTFT CDF](ttft_cdf.png) ![hit rate](hit_rate.png) ![engine load](engine_load.png)"
+        )
     else:
         images = f"(No plots: matplotlib is not installed; {install_hint('bench')} adds them.)"
     env = meta["environment"]

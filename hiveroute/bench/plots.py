@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,11 @@ from hiveroute.bench.records import LoadSample, RequestRecord
 
 def available() -> bool:
     """Whether matplotlib (the `bench` extra) is installed; without it runs write no PNGs."""
-    return importlib.util.find_spec("matplotlib") is not None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _pyplot() -> Any:

@@ -142,7 +142,9 @@ def build_tracing(
 
     require("opentelemetry.sdk.trace", "otel")
     exporters = require("opentelemetry.exporter.otlp.proto.http.trace_exporter", "otel")
-    exporter = exporters.OTLPSpanExporter(endpoint=url, headers=dict(headers or {}), timeout=EXPORT_TIMEOUT_S)
+    exporter = exporters.OTLPSpanExporter(
+        endpoint=url, headers=dict(headers or {}), timeout=EXPORT_TIMEOUT_S
+    )
     log.info("exporting traces over OTLP to %s", url)
     return Tracing.with_exporter(exporter, service_name=service_name, sample_ratio=sample_ratio)
 
