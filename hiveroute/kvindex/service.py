@@ -108,7 +108,8 @@ class KvEventService:
         self._context = zmq.asyncio.Context()
         for engine in self.pool.engines:
             self._subscribe(engine)
-        if router is not None:  # to hear which engines served requests (after_complete)
+        # to hear which engines served requests (after_complete); once, across restarts
+        if router is not None and self not in router.request_hooks:
             router.request_hooks.append(self)
         self._checker = asyncio.get_running_loop().create_task(
             self._check_loop(), name="kv-events-staleness"
