@@ -336,16 +336,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.system_tokens,
         help="the shared instructions and tool descriptions",
     )
-    g.add_argument("--agent-task-tokens", type=positive_int, default=d.task_tokens)
-    g.add_argument("--agent-result-tokens", type=positive_int, default=d.result_tokens)
-    g.add_argument("--agent-answer-tokens", type=positive_int, default=d.answer_tokens)
+    g.add_argument(
+        "--agent-task-tokens",
+        type=positive_int,
+        default=d.task_tokens,
+        help="each agent's (and subagent's) own task",
+    )
+    g.add_argument(
+        "--agent-result-tokens",
+        type=positive_int,
+        default=d.result_tokens,
+        help="each tool result sent back",
+    )
+    g.add_argument(
+        "--agent-answer-tokens",
+        type=positive_int,
+        default=d.answer_tokens,
+        help="each model answer (max tokens)",
+    )
     g.add_argument(
         "--subagents",
         type=non_negative_int,
         default=d.subagents,
         help="subagents each agent spawns in parallel (after its first step)",
     )
-    g.add_argument("--subagent-steps", type=positive_int, default=d.subagent_steps)
+    g.add_argument(
+        "--subagent-steps",
+        type=positive_int,
+        default=d.subagent_steps,
+        help="model calls per subagent",
+    )
     g.add_argument(
         "--agent-identity",
         choices=IDENTITIES,
