@@ -6,7 +6,8 @@ token recomputed) and a few placement rules:
 
 - `one cache`: one engine with the N engines' blocks together (the kv_routing benchmark's ideal);
 - `unbounded`: one cache that never evicts (every miss left is a first sight);
-- `kv rule`: the `kv` policy's placement without its TTFT terms: the engine holding the longest
+- `kv rule`: the `kv` policy's placement until 2026-12-02 (a footprint rule since replaced by
+  the cost in hiveroute/routing/cost.py), without its TTFT terms: the engine holding the longest
   prefix; a prompt no engine holds half of is a new context and goes where the fewest tokens were
   written lately (10 s half-life) among engines within `--same-share` of the prompt of the best
   match;
@@ -37,12 +38,12 @@ from pathlib import Path
 from statistics import mean
 
 from benchmarks.report import write_report
-from hiveroute.bench.workloads.trace import TraceConfig, TraceWorkload, default_trace_path
+from hiveroute.bench.workloads.trace import TraceConfig, TraceWorkload, full_trace_path
 from hiveroute.kvindex.tokenizer import BuiltinTokenizer
 from hiveroute.sim.kv_cache import BlockPool, CacheRequest, KVCacheManager
 
-HALF_LIFE_S = 10.0  # the kv policy's footprint half-life (hiveroute/routing/footprint.py)
-NEW_CONTEXT_SHARE = 0.5  # the kv policy's: under half the prompt cached anywhere = new context
+HALF_LIFE_S = 10.0  # the old kv policy's footprint half-life
+NEW_CONTEXT_SHARE = 0.5  # the old kv policy's: under half the prompt cached anywhere = new context
 
 
 @dataclass
@@ -213,7 +214,7 @@ def main() -> None:
     ]
     for k in range(args.slices):
         config = TraceConfig(
-            path=args.trace or default_trace_path(),
+            path=args.trace or full_trace_path(),
             limit=args.requests,
             skip=k * args.requests,
             speed=args.trace_speed,

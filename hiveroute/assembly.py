@@ -26,7 +26,7 @@ from hiveroute.engines.pool import EnginePool
 from hiveroute.gateway.admission import AdmissionController
 from hiveroute.gateway.app import build_app
 from hiveroute.gateway.auth import Authenticator
-from hiveroute.gateway.pipeline import RequestPipeline
+from hiveroute.gateway.pipeline import RequestPipeline, ServedHook
 from hiveroute.kvindex.index import KvIndex
 from hiveroute.kvindex.service import KvEventService, KvIndexCollector, build_kv_index
 from hiveroute.kvindex.tokenizer import Tokenizer, load_tokenizer
@@ -102,7 +102,9 @@ class Router:
             self,
             mounts=[
                 lambda app: workflow_api.add_routes(app, self.workflows),
-                lambda app: add_dashboard_routes(app, self.pool, self.metrics, self.policy.name),
+                lambda app: add_dashboard_routes(
+                    app, self.pool, self.metrics, self.policy.name, self.kv_events
+                ),
             ],
         )
 
@@ -151,8 +153,15 @@ def assemble(config: RouterConfig) -> Router:
         components.append(cast(Component, store))
     else:  # in memory: always up
         metrics.state.backend_up.labels(store.name).set(1)
+    metrics.state.known_backend(store.name)
     workflows = WorkflowService(
-        store, tokenizer, config=config, metrics=metrics, pool=pool, client=client
+        store,
+        tokenizer,
+        config=config,
+        metrics=metrics,
+        pool=pool,
+        client=client,
+        cost=costs.routing_cost(kv_index),
     )
     components.append(workflows)
     plugins = PluginRegistry()
@@ -167,7 +176,7 @@ def assemble(config: RouterConfig) -> Router:
         policy=policy,
         metrics=metrics,
         admission=admission,
-        hooks=[workflows],
+        hooks=[workflows, ServedHook(kv_events.served)],
         retries=config.retries,
         forward_authorization=not auth.enabled,
     )

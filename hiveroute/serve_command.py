@@ -7,15 +7,22 @@ import argparse
 from hiveroute import runtime
 from hiveroute.config import RouterConfig, add_config_arguments, load_config
 from hiveroute.gateway.access_log import configure_logging
+from hiveroute.routing.registry import check_policy
 from hiveroute.server import serve
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, RouterConfig)
+    from hiveroute.routing.registry import policy_names
+
+    # the full list of flags is in --help; a mistake shows this line and the error
+    parser.usage = "hiveroute serve [--engine URL[,events=tcp://H:P] ...] [--policy NAME] [--config FILE] [OPTION ...]"
+    notes = {"policy": f"{', '.join(policy_names())}, or one defined under `policies`"}
+    add_config_arguments(parser, RouterConfig, notes)
 
 
 def run(args: argparse.Namespace) -> int:
     config: RouterConfig = load_config(args, cls=RouterConfig)
+    check_policy(config)  # before any engine starts
     configure_logging(config.log_level)
     try:
         runtime.run(serve(config))

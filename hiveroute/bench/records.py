@@ -12,7 +12,7 @@ class RequestRecord:
     unit_id: str
     target: str
     workload: str
-    endpoint: str  # "chat" or "completion"
+    endpoint: str  # "chat", "completion", "responses" or "messages"
     t_send_s: float  # from the start of the cell
     max_tokens: int
     agent_role: str | None = None

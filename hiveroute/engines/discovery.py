@@ -18,6 +18,9 @@ def build_discovery(config: RouterConfig, pool: EnginePool) -> Component | None:
     if config.discovery == "static":
         return None
     if config.discovery == "kubernetes":
+        from hiveroute.extras import require
+
+        require("kubernetes", "k8s")
         from hiveroute.engines.discovery_k8s import KubernetesDiscovery, PodEndpoints
 
         return KubernetesDiscovery(

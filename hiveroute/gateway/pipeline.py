@@ -48,6 +48,21 @@ class RequestHook(Protocol):
     def after_complete(self, request: RoutingRequest, outcome: RequestOutcome) -> None: ...
 
 
+class ServedHook:
+    """A request hook that tells `served` the name of each engine that answered a request
+    (the KV event service: an engine that served requests owes KV events)."""
+
+    def __init__(self, served: Callable[[str], None]) -> None:
+        self.served = served
+
+    async def before_route(self, request: RoutingRequest) -> None:
+        return None
+
+    def after_complete(self, request: RoutingRequest, outcome: RequestOutcome) -> None:
+        if outcome.engine is not None and outcome.status < 400:
+            self.served(outcome.engine.name)
+
+
 @dataclass
 class Inbound:
     """A parsed request as the handler hands it over. `raw`: the body's bytes, if the parsed
@@ -162,8 +177,11 @@ class RequestPipeline:
         if ex.span is not None:
             ex.span.set_request(ex.request_id, model, request.metadata)
         if model is not None and not self.pool.any_serves(model):
+            served = sorted(self.pool.known_models())
+            listed = ", ".join(repr(m) for m in served[:20]) + (" ..." if len(served) > 20 else "")
             raise NotFound(
-                f"model {model!r} is not served by any engine; GET /v1/models lists the models",
+                f"model {model!r} is not served by any engine; served: {listed or 'none yet'} "
+                "(GET /v1/models lists them)",
                 param="model",
                 code="model_not_found",
             )

@@ -68,12 +68,14 @@ class _Block:
 
 
 class _Engine:
-    __slots__ = ("block_size", "by_hash", "orphans", "pending")
+    __slots__ = ("block_size", "by_hash", "evicted", "most_held", "orphans", "pending")
 
     def __init__(self) -> None:
         self.block_size: int | None = None
         self.by_hash: dict[EngineHash, BlockKey] = {}
         self.orphans = 0  # stored blocks whose parent we did not know (chain cannot be computed)
+        self.most_held = 0  # the most GPU blocks it held at once
+        self.evicted = False  # it has removed a GPU block: its cache has filled up once
         # requests routed before the engine's first event told us its block size
         self.pending: deque[tuple[float, Sequence[int], str | None]] = deque(maxlen=256)
 
@@ -140,6 +142,14 @@ class KvIndex:
         state = self._engines.get(engine)
         return state.orphans if state else 0
 
+    def capacity_blocks(self, engine: str) -> int | None:
+        """How many blocks the engine's cache holds, as its events show: the most it held at
+        once, once it has had to evict; None while it never has (it still has free room)."""
+        state = self._engines.get(engine)
+        if state is None or not state.evicted:
+            return None
+        return max(1, state.most_held)
+
     def _engine(self, engine: str) -> _Engine:
         state = self._engines.get(engine)
         if state is None:
@@ -174,6 +184,8 @@ class KvIndex:
             entry.holders.setdefault(engine, {})[event.medium] = engine_hash
             entry.spec.pop(engine, None)
             state.by_hash[engine_hash] = key
+        if event.medium == GPU:
+            state.most_held = max(state.most_held, len(state.by_hash))
         self._enforce_cap()
         return keys
 
@@ -197,6 +209,8 @@ class KvIndex:
                 del entry.holders[engine]
                 self._drop_if_empty(key, entry)
             del state.by_hash[engine_hash]
+            if medium == GPU:
+                state.evicted = True
 
     def clear_engine(self, engine: str) -> None:
         """Forget everything an engine holds (AllBlocksCleared, a restart, or lost events)."""

@@ -2,8 +2,10 @@
 
 As a router component the service subscribes to every engine that has a KV-event endpoint
 (``--engine URL,events=tcp://H:P[,replay=tcp://H:P]``), and follows the pool: it subscribes to
-engines that join and forgets engines that leave. The index it feeds is built by the assembly and
-shared with the routing plugins; `KvIndexCollector` shows both on /metrics.
+engines that join and forgets engines that leave. It also notices engines that serve requests
+but whose events never come (kvindex/staleness.py; the pipeline tells it, through `served`,
+which engine answered). The index it feeds is built by the assembly and shared with the routing
+plugins; `KvIndexCollector` shows both on /metrics.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from hiveroute.engines.engine import Engine
 from hiveroute.engines.pool import EnginePool
 from hiveroute.kvindex.index import KvIndex
+from hiveroute.kvindex.staleness import EventStaleness
 from hiveroute.kvindex.subscriber import KvEventSubscriber
 
 log = logging.getLogger("hiveroute.kvindex")
+
+CHECK_EVERY_S = 1.0
 
 
 def build_kv_index(
@@ -37,15 +42,25 @@ def build_kv_index(
 
 
 class KvEventService:
-    """Keeps one KV-event subscriber per engine that publishes events."""
+    """Keeps one KV-event subscriber per engine that publishes events, and notices engines
+    that serve requests but whose events never come (see kvindex/staleness.py)."""
 
-    def __init__(self, pool: EnginePool, index: KvIndex, *, topic: str = "") -> None:
+    def __init__(
+        self,
+        pool: EnginePool,
+        index: KvIndex,
+        *,
+        topic: str = "",
+        staleness: EventStaleness | None = None,
+    ) -> None:
         self.pool = pool
         self.index = index
         self.topic = topic
+        self.staleness = staleness or EventStaleness()
         self.subscribers: dict[str, KvEventSubscriber] = {}
         self._context: zmq.asyncio.Context | None = None
         self._stopping: set[asyncio.Task[None]] = set()
+        self._checker: asyncio.Task[None] | None = None
         pool.on_added(self._on_added)
         pool.on_removed(self._on_removed)
 
@@ -55,8 +70,15 @@ class KvEventService:
         self._context = zmq.asyncio.Context()
         for engine in self.pool.engines:
             self._subscribe(engine)
+        self._checker = asyncio.get_running_loop().create_task(
+            self._check_loop(), name="kv-events-staleness"
+        )
 
     async def stop(self) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
+            await asyncio.gather(self._checker, return_exceptions=True)
+            self._checker = None
         subscribers = list(self.subscribers.values())
         self.subscribers.clear()
         for subscriber in subscribers:
@@ -66,6 +88,21 @@ class KvEventService:
         if self._context is not None:
             self._context.term()
             self._context = None
+
+    # --- staleness ----------------------------------------------------------------------------
+
+    def served(self, engine: str) -> None:
+        """`engine` answered a request: it owes KV events (the pipeline calls this)."""
+        self.staleness.served(engine)
+
+    def check_staleness(self) -> list[str]:
+        """Engines newly stale (each logged once); run every second and at each scrape."""
+        return self.staleness.check({n: s.stats.batches for n, s in self.subscribers.items()})
+
+    async def _check_loop(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_EVERY_S)
+            self.check_staleness()
 
     # --- following the pool ------------------------------------------------------------------
 
@@ -81,11 +118,13 @@ class KvEventService:
             context=self._context,
         )
         self.subscribers[engine.name] = subscriber
+        self.staleness.track(engine.name, engine.spec.events)
         subscriber.start()
         log.info("subscribed to KV events of %s at %s", engine.name, engine.spec.events)
 
     def _unsubscribe(self, name: str) -> None:
         subscriber = self.subscribers.pop(name, None)
+        self.staleness.forget(name)
         if subscriber is not None:
             task = asyncio.get_running_loop().create_task(subscriber.stop())
             self._stopping.add(task)
@@ -111,6 +150,8 @@ class KvIndexCollector:
         self.service = service
 
     def collect(self) -> Iterator[Metric]:
+        self.service.check_staleness()
+        staleness = self.service.staleness
         index = self.service.index
         yield GaugeMetricFamily(
             "hiveroute_kv_index_blocks", "Block keys in the KV index", value=len(index)
@@ -151,7 +192,22 @@ class KvIndexCollector:
             "Seconds from an engine stamping its latest KV-event batch to the router applying it",
             labels=["engine"],
         )
+        stale = GaugeMetricFamily(
+            "hiveroute_kv_events_stale",
+            "1 while an engine that served requests has sent no KV events for "
+            f"{staleness.stale_after_s:.0f} s (a wrong events= address?)",
+            labels=["engine"],
+        )
+        age = GaugeMetricFamily(
+            "hiveroute_kv_event_age_seconds",
+            "Seconds since an engine's latest KV-event batch (since subscribing, if none came)",
+            labels=["engine"],
+        )
         for name, sub in self.service.subscribers.items():
+            stale.add_metric([name], 1.0 if staleness.is_stale(name) else 0.0)
+            seconds = staleness.seconds_since_event(name)
+            if seconds is not None:
+                age.add_metric([name], seconds)
             stats = sub.stats
             if stats.lag_s is not None:
                 lag.add_metric([name], stats.lag_s)
@@ -160,4 +216,4 @@ class KvIndexCollector:
             gaps.add_metric([name, "dropped"], stats.gaps_dropped)
             restarts.add_metric([name], stats.publisher_restarts)
             errors.add_metric([name], stats.decode_errors)
-        yield from (events, gaps, restarts, errors, lag)
+        yield from (events, gaps, restarts, errors, lag, stale, age)

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from hiveroute.engines.pool import EnginePool
+from hiveroute.kvindex.service import KvEventService
 from hiveroute.observability.metrics import RouterMetrics
 
 DASHBOARD_HEADERS = {
@@ -50,12 +51,30 @@ def _ratio(part: float, whole: float) -> float | None:
     return round(part / whole, 6) if whole > 0 else None
 
 
-def overview(pool: EnginePool, m: RouterMetrics, policy: str) -> dict[str, Any]:
+def _kv_events(service: KvEventService | None, engine: str) -> dict[str, Any] | None:
+    """Whether the engine's KV events arrive (None: the router does not subscribe to it)."""
+    if service is None or engine not in service.subscribers:
+        return None
+    staleness = service.staleness
+    seconds = staleness.seconds_since_event(engine)
+    return {
+        "endpoint": service.subscribers[engine].endpoint,
+        "received": staleness.received_any(engine),
+        "seconds_since_event": None if seconds is None else round(seconds, 3),
+        "stale": staleness.is_stale(engine),
+    }
+
+
+def overview(
+    pool: EnginePool, m: RouterMetrics, policy: str, kv_events: KvEventService | None = None
+) -> dict[str, Any]:
     """Engines with their health, load and cache use, and fleet totals."""
     requests = _by_engine(m.requests)
     prompt = _by_engine(m.prompt_tokens)
     cached = _by_engine(m.cached_tokens)
     cross = _by_engine(m.cross_agent_cached_tokens)
+    if kv_events is not None:
+        kv_events.check_staleness()
     engines = []
     for e in pool.engines:
         p, c = prompt.get(e.name, 0.0), cached.get(e.name, 0.0)
@@ -68,6 +87,7 @@ def overview(pool: EnginePool, m: RouterMetrics, policy: str) -> dict[str, Any]:
                 "cached_tokens": int(c),
                 "cross_agent_cached_tokens": int(cross.get(e.name, 0.0)),
                 "hit_rate": _ratio(c, p),
+                "kv_events": _kv_events(kv_events, e.name),
             }
         )
     total_prompt = sum(prompt.values())
@@ -93,7 +113,11 @@ def overview(pool: EnginePool, m: RouterMetrics, policy: str) -> dict[str, Any]:
 
 
 def add_dashboard_routes(
-    app: web.Application, pool: EnginePool, metrics: RouterMetrics, policy: str
+    app: web.Application,
+    pool: EnginePool,
+    metrics: RouterMetrics,
+    policy: str,
+    kv_events: KvEventService | None = None,
 ) -> None:
     """GET /dashboard (the page) and GET /dashboard/api/overview (its engine data)."""
 
@@ -107,7 +131,7 @@ def add_dashboard_routes(
 
     async def api_overview(request: web.Request) -> web.Response:
         return web.json_response(
-            overview(pool, metrics, policy), headers={"Cache-Control": "no-store"}
+            overview(pool, metrics, policy, kv_events), headers={"Cache-Control": "no-store"}
         )
 
     app.router.add_get("/dashboard", page)

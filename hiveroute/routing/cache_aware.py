@@ -1,11 +1,9 @@
 """Cache-aware routing plugins: the `kv` and `prefix` policies and their load guard.
 
-- `KvTtftScorer` (policy `kv`): for each engine, the prefix the KV index says it holds, then a
-  predicted TTFT: (the prompt tokens already sent there and not yet prefilled, drained at its
-  learned rate, + this request's uncached tokens) × its learned prefill cost + queueing from
-  its load. Ranked by that
-  prediction less the value of what it holds (`cache_weight` × cached tokens × prefill cost):
-  the best scores 1, engines within a tolerance of it are ordered by how much they hold.
+- `KvTtftScorer` (policy `kv`): for each engine, the prefix the KV index says it holds, then
+  what the request would cost the fleet there (routing/cost.py: its predicted TTFT, the delay
+  its prefill adds to the requests decoding there, and the live blocks its writes evict); the
+  cheapest engine scores 1.
 - `ApproxPrefixScorer` (policy `prefix`): no engine events; remembers where its own decisions
   sent each prefix (a private index whose entries live for a TTL, LRU-bounded), like SGLang's
   cache_aware router, and scores the fraction of the prompt matched.
@@ -13,16 +11,11 @@
   ``ceil(load_factor × average) + slack`` is not a candidate, so no engine is chosen for its
   cache when that makes it the bottleneck.
 
-A request leaves the engine holding most of its prefix for a shorter predicted TTFT only when
-that engine's prediction is in the tail of recent TTFTs (`tail_quantile`): leaving costs the
-hit and a second copy of the prefix, staying costs this request some TTFT, which matters for the
-SLO only once it is among the slowest.
-
-Reasons (CycleState["reason"], counted in hiveroute_routing_decisions_total): `kv_hit`,
-`kv_ttft_tradeoff` (a shorter match won on predicted TTFT), `kv_kept` (the longest match kept
-although another engine was predicted faster: its prediction is not in the tail), `kv_miss`,
-`kv_new_context` (see footprint.py), `prefix_hit`,
-`prefix_miss`, `load_guard` (the engine with the best match was excluded), `no_tokens`.
+Reasons (CycleState["reason"], counted in hiveroute_routing_decisions_total): `kv_hit` (the
+engine holding the most of the prompt), `kv_ttft_tradeoff` (one holding less cost the fleet
+less: load or a cache full of live contexts outweighed the hit), `kv_miss` (no engine holds
+any of it), `prefix_hit`, `prefix_miss`, `load_guard` (the engine with the best match was
+excluded), `no_tokens`.
 """
 
 from __future__ import annotations
@@ -40,12 +33,8 @@ from hiveroute.routing.base import (
     StateKey,
     load_bound,
 )
-from hiveroute.routing.footprint import (
-    NEW_CONTEXT_SHARE,
-    NEW_CONTEXT_SLACK,
-    NEW_CONTEXT_SLACK_S,
-    new_context_engine,
-)
+from hiveroute.routing.cost import CachedPrompt, RoutingCost, scores_from_costs
+from hiveroute.routing.live_set import LiveSet
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.request_tokens import (
     PREFIX_MATCH_KEY,
@@ -151,6 +140,20 @@ class PrefixMatcher:
             self.index.add_speculative(engine.name, keys, ttl_s=ttl_s)
 
 
+def decision_memory(
+    tokenizer: Tokenizer,
+    *,
+    matches_key: StateKey[dict[str, PrefixMatch]],
+    block_size: int = 16,
+    ttl_s: float = 300.0,
+    max_blocks: int = 200_000,
+) -> PrefixMatcher:
+    """Where this router's own decisions sent each prefix, for engines that send no KV events:
+    a private index whose entries live `ttl_s` (LRU-bounded), in blocks of `block_size`."""
+    index = KvIndex(max_blocks=max_blocks, speculative_ttl_s=ttl_s)
+    return PrefixMatcher(index, tokenizer, matches_key=matches_key, fixed_block_size=block_size)
+
+
 class _CacheScorer(Scorer):
     """Shared parts: tokens in prepare, per-engine matches through a PrefixMatcher."""
 
@@ -173,7 +176,8 @@ class _CacheScorer(Scorer):
 
 
 class KvTtftScorer(_CacheScorer):
-    """Scores engines by predicted TTFT from the event-fed KV index (policy `kv`).
+    """Sends a request where it costs the fleet least (routing/cost.py), from what the
+    event-fed KV index says each engine holds (policy `kv`).
 
     Engines without KV events (or before their first event) have no known block size unless
     the pool knows it; they simply show no cached prefix and compete on load.
@@ -187,118 +191,49 @@ class KvTtftScorer(_CacheScorer):
         index: KvIndex,
         tokenizer: Tokenizer,
         ledger: TtftLedger | None = None,
+        live: LiveSet | None = None,
         *,
         speculate: bool = True,
-        tolerance: float = 0.1,
-        tolerance_s: float = 0.005,
-        cache_weight: float = 8.0,
-        new_context_share: float = NEW_CONTEXT_SHARE,
-        new_context_slack: float = NEW_CONTEXT_SLACK,
-        new_context_slack_s: float = NEW_CONTEXT_SLACK_S,
-        tail_quantile: float | None = 0.95,
     ) -> None:
-        if min(tolerance, tolerance_s, cache_weight, new_context_slack, new_context_slack_s) < 0:
-            raise ValueError("tolerances, slacks and cache_weight must not be negative")
-        if not 0.0 <= new_context_share <= 1.0:
-            raise ValueError("new_context_share must be within [0, 1]")
-        if tail_quantile is not None and not 0.0 < tail_quantile <= 1.0:
-            raise ValueError("tail_quantile must be within (0, 1], or null to turn it off")
         super().__init__(PrefixMatcher(index, tokenizer))
         self.ledger = TtftLedger() if ledger is None else ledger
+        self.cost = RoutingCost(self.ledger, LiveSet() if live is None else live, index)
         self.speculative = speculate
-        self.tolerance = tolerance
-        self.tolerance_s = tolerance_s
-        self.cache_weight = cache_weight
-        # A prompt no engine holds `new_context_share` of starts a new context: it goes where
-        # the fewest tokens were written lately, among engines whose predicted TTFT is within
-        # `new_context_slack` x the best (+ `new_context_slack_s`) of the best.
-        self.new_context_share = new_context_share
-        self.new_context_slack = new_context_slack
-        self.new_context_slack_s = new_context_slack_s
-        # A request stays with the engine holding most of its prefix unless that engine's
-        # predicted TTFT is in the tail: above the `tail_quantile` of recent TTFTs.
-        self.tail_quantile = tail_quantile
+
+    def cached(self, request: RoutingRequest, engine: Engine, state: CycleState) -> CachedPrompt:
+        m = self.match(request, engine, state)
+        return CachedPrompt(m.gpu_tokens, m.lower_tokens)
 
     def score(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
     ) -> dict[str, float]:
         tokens = self.matcher.tokens(request, state)
         n_tokens = len(tokens) if tokens else 0
-        predicted: dict[str, float] = state.setdefault(TTFT_KEY, {})
-        cached: dict[str, int] = {}
-        for engine in candidates:
-            m = self.match(request, engine, state)
-            cached[engine.name] = min(m.tokens, n_tokens)
-            predicted[engine.name] = self.ledger.predict(
-                engine, n_tokens - cached[engine.name], min(m.lower_tokens, n_tokens)
-            )
-        most = max(cached.values())
-        # A cached prefix is worth more than this request's TTFT: the next turn or sibling
-        # finds it too, and leaving makes a second copy that evicts someone else's. So the
-        # ranking counts each cached token `cache_weight` times more at its prefill cost.
-        cost = {
-            e.name: predicted[e.name]
-            - self.cache_weight * cached[e.name] * self.ledger.predictor.prefill_cost(e.name)
-            for e in candidates
-        }
-        lo, hi = min(cost.values()), max(cost.values())
-        # predictions are estimates: among engines within the tolerance of the best, the one
-        # holding more of the prefix wins
-        best_ttft = min(predicted[e.name] for e in candidates)
-        near = lo + self.tolerance * best_ttft + self.tolerance_s
-        scores: dict[str, float] = {}
-        for e in candidates:
-            c = cost[e.name]
-            if c <= near:
-                share = cached[e.name] / most if most else 0.0
-                scores[e.name] = 1.0 - 1e-3 * (1.0 - share) - 1e-6 * (c - lo) / max(near - lo, 1e-9)
-            else:
-                scores[e.name] = 0.99 * (hi - c) / (hi - lo)
-        winner = max(candidates, key=lambda e: (scores[e.name], cached[e.name]))
-        placed = new_context_engine(
-            candidates,
-            cost,
-            predicted,
-            cached,
-            n_tokens,
-            self.ledger.footprint,
-            share=self.new_context_share,
-            slack=self.new_context_slack,
-            slack_s=self.new_context_slack_s,
-        )
-        kept = None
-        if placed is None and cached[winner.name] < most and self.tail_quantile is not None:
-            tail = self.ledger.recent.quantile(self.tail_quantile)  # only a tradeoff needs it
-            if tail is not None:
-                kept = _holder_unless_tail(candidates, cost, predicted, cached, most, tail)
-        chosen = placed or kept
-        if chosen is not None:
-            winner = chosen
-            for name, score in scores.items():
-                scores[name] = min(score, 0.99)
-            scores[winner.name] = 1.0
+        costs = [self.cost.price(e, n_tokens, self.cached(request, e, state)) for e in candidates]
+        chosen = RoutingCost.cheapest(costs)
+        state.setdefault(TTFT_KEY, {}).update({c.engine.name: c.ttft_s for c in costs})
+        most = max(c.cached_tokens for c in costs)
         if tokens is None:
             reason = "no_tokens"
-        elif placed is not None and winner.name != min(cost, key=cost.__getitem__):
-            reason = "kv_new_context"
         elif self.guard_took_best(request, state, most):
             reason = "load_guard"
-        elif kept is not None:
-            reason = "kv_kept"
         elif most == 0:
             reason = "kv_miss"
-        elif cached[winner.name] == most:
+        elif chosen.cached_tokens == most:
             reason = "kv_hit"
         else:
             reason = "kv_ttft_tradeoff"
         state.setdefault(REASON_KEY, reason)
-        return scores
+        return scores_from_costs(costs, chosen)
 
     def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
         m = self.match(request, engine, state)
         tokens = self.matcher.tokens(request, state)
         n_tokens = len(tokens) if tokens else 0
         self.ledger.routed(engine, n_tokens - m.tokens, state, min(m.lower_tokens, n_tokens))
+        size = self.matcher.block_size(engine)
+        if tokens and size is not None:
+            self.cost.routed(engine, request_block_keys(request, state, tokens, size))
         if self.speculative:
             self.matcher.speculate(request, engine, state, None)
 
@@ -309,23 +244,6 @@ class KvTtftScorer(_CacheScorer):
         self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
     ) -> None:
         self.ledger.completed(request, outcome, state)
-
-
-def _holder_unless_tail(
-    candidates: list[Engine],
-    cost: dict[str, float],
-    predicted: dict[str, float],
-    cached: dict[str, int],
-    most: int,
-    tail_s: float,
-) -> Engine | None:
-    """The engine holding the most of the prefix, when the ranking left it for a shorter
-    predicted TTFT but its own prediction is not in the tail (over `tail_s`). Leaving costs
-    the hit (and a second copy of the prefix); staying costs this request some TTFT, which
-    matters for the SLO only once it is among the slowest."""
-    holders = [e for e in candidates if cached[e.name] == most]
-    holder = min(holders, key=lambda e: (cost[e.name], e.name))
-    return holder if predicted[holder.name] <= tail_s else None
 
 
 class ApproxPrefixScorer(_CacheScorer):
@@ -354,13 +272,13 @@ class ApproxPrefixScorer(_CacheScorer):
             raise ValueError("ttl_s must be positive")
         if not 0.0 <= min_match <= 1.0:
             raise ValueError("min_match must be within [0, 1]")
-        index = KvIndex(max_blocks=max_blocks, speculative_ttl_s=ttl_s)
         super().__init__(
-            PrefixMatcher(
-                index,
+            decision_memory(
                 tokenizer,
                 matches_key=APPROX_MATCH_KEY,
-                fixed_block_size=block_size,
+                block_size=block_size,
+                ttl_s=ttl_s,
+                max_blocks=max_blocks,
             )
         )
         self.min_match = min_match

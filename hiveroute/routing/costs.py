@@ -1,18 +1,20 @@
 """The router's one TTFT cost model: what every predicting plugin (kv, workflow) shares.
 
 One predictor learns each engine's prefill cost, one backlog counts the prefill work routed to
-each engine, one footprint remembers recent cache writes and one record keeps recent TTFTs. Two
-plugins that predict must see the same ones, or each would count a routed request on its own;
-so the assembly builds one CostModel and every plugin gets its ledger from it.
+each engine, and one live set remembers which blocks each engine wrote lately. Two plugins that
+predict must see the same ones, or each would count a routed request on its own; so the assembly
+builds one CostModel and every plugin gets its ledger (and cost) from it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hiveroute.kvindex.index import KvIndex
 from hiveroute.routing.backlog import PrefillBacklog
-from hiveroute.routing.footprint import KvFootprint
-from hiveroute.routing.ttft import RecentTtfts, TtftPredictor
+from hiveroute.routing.cost import RoutingCost
+from hiveroute.routing.live_set import LiveSet
+from hiveroute.routing.ttft import TtftPredictor
 from hiveroute.routing.ttft_ledger import TtftLedger
 
 
@@ -20,15 +22,12 @@ from hiveroute.routing.ttft_ledger import TtftLedger
 class CostModel:
     predictor: TtftPredictor = field(default_factory=TtftPredictor)
     backlog: PrefillBacklog = field(default_factory=PrefillBacklog)
-    footprint: KvFootprint = field(default_factory=KvFootprint)
-    recent: RecentTtfts = field(default_factory=RecentTtfts)
+    live: LiveSet = field(default_factory=LiveSet)
 
     def ledger(self, *, drain_backlog: bool = True) -> TtftLedger:
-        """A ledger over this model's parts (`drain_backlog`: see backlog.py)."""
-        return TtftLedger(
-            self.predictor,
-            self.backlog,
-            self.footprint,
-            self.recent,
-            drain_backlog=drain_backlog,
-        )
+        """A ledger over this model's predictor and backlog (`drain_backlog`: backlog.py)."""
+        return TtftLedger(self.predictor, self.backlog, drain_backlog=drain_backlog)
+
+    def routing_cost(self, index: KvIndex) -> RoutingCost:
+        """The price of a prefill on each engine, over this model and the KV index."""
+        return RoutingCost(self.ledger(), self.live, index)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from hiveroute.config import RouterConfig
 from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import ConfigError
 from hiveroute.kvindex.index import KvIndex
@@ -48,7 +49,7 @@ PluginFactory = Callable[..., Plugin]  # (ctx: PluginContext, **params) -> Plugi
 
 def _kv_ttft(ctx: PluginContext, drain_backlog: bool = True, **kw: Any) -> Plugin:
     ledger = ctx.costs.ledger(drain_backlog=drain_backlog)
-    return KvTtftScorer(ctx.kv_index, ctx.tokenizer, ledger, **kw)
+    return KvTtftScorer(ctx.kv_index, ctx.tokenizer, ledger, ctx.costs.live, **kw)
 
 
 BUILTIN_PLUGINS: dict[str, PluginFactory] = {
@@ -106,8 +107,7 @@ BUILTIN_POLICIES: dict[str, dict[str, Any]] = {
         "picker": "max_score",
     },
     "kv": {
-        # looser than `prefix`'s guard: the TTFT prediction already weighs the load
-        "filters": [{"name": "load_guard", "load_factor": 2.0, "slack": 8}],
+        # no load guard: the cost (routing/cost.py) already weighs each engine's load
         "scorers": [{"name": "kv_ttft", "weight": 1.0}],
         "picker": "max_score",
     },
@@ -181,3 +181,12 @@ def _check(plugin: Plugin, kind: type[T], where: str) -> T:
 
 def policy_names(custom: Mapping[str, Any] | None = None) -> list[str]:
     return sorted({*BUILTIN_POLICIES, *(custom or {})})
+
+
+def check_policy(config: RouterConfig) -> None:
+    """Refuse an unknown policy name before any engine starts (`serve` calls it first)."""
+    if config.policy not in policy_names(config.policies):
+        raise ConfigError(
+            f"unknown policy {config.policy!r}; choose one of "
+            f"{', '.join(policy_names(config.policies))}"
+        )

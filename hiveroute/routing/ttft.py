@@ -4,14 +4,17 @@ TTFT ≈ base + queue_depth × per_request_delay + uncached_tokens × prefill_co
        + lower_tier_tokens × prefill_cost × lower_tier_factor
 
 One model per engine, fitted by recursive least squares (with forgetting, so a slower engine or
-a changed load shows up within tens of requests) starting from sane defaults. Blocks on a lower
+a changed load shows up within tens of requests). An engine not measured yet is predicted as the
+mean of the engines that were (engines behind one router usually serve one model on one kind of
+hardware), and its own model starts from there; only before any measurement do the defaults
+below apply. Without that, an engine that got no request early kept the defaults, which are
+slower than most real engines, and so never got one: the router starved it for good. Blocks on a lower
 tier (CPU offload, LMCache) are cached but must be loaded back: they cost a fraction of a
 recompute. The `kv` policy uses this object; the `workflow` policy reuses it.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +67,7 @@ class TtftPredictor:
         self.lower_tier_factor = lower_tier_factor
         self.forgetting = forgetting
         self._models: dict[str, _EngineModel] = {}
+        self._fleet_theta: np.ndarray | None = None  # mean of the measured engines' models
 
     def _model(self, engine: str) -> _EngineModel:
         model = self._models.get(engine)
@@ -71,13 +75,24 @@ class TtftPredictor:
             model = self._models[engine] = _EngineModel(self._prior)
         return model
 
+    def _theta(self, engine: str) -> np.ndarray:
+        """The engine's fitted model, or the fleet's while it has no measurement of its own."""
+        model = self._models.get(engine)
+        if model is not None and model.observations > 0:
+            return model.theta
+        return self._fleet_theta if self._fleet_theta is not None else self._prior
+
+    def _refresh_fleet(self) -> None:
+        learned = [m.theta for m in self._models.values() if m.observations > 0]
+        self._fleet_theta = np.mean(learned, axis=0) if learned else None
+
     def prefill_cost(self, engine: str) -> float:
         """Seconds per uncached prompt token on `engine` as learned so far."""
-        return float(self._model(engine).theta[2]) / _TOKEN_SCALE
+        return float(self._theta(engine)[2]) / _TOKEN_SCALE
 
     def queue_cost(self, engine: str) -> float:
         """Seconds each request ahead in the queue adds."""
-        return float(self._model(engine).theta[1])
+        return float(self._theta(engine)[1])
 
     def observations(self, engine: str) -> int:
         model = self._models.get(engine)
@@ -86,7 +101,7 @@ class TtftPredictor:
     def estimate(
         self, engine: str, *, queue_depth: float, uncached_tokens: float, lower_tier_tokens: int = 0
     ) -> TtftEstimate:
-        base, per_request, per_ktoken = self._model(engine).theta
+        base, per_request, per_ktoken = self._theta(engine)
         queue_s = float(base + per_request * max(0.0, queue_depth))
         tokens = uncached_tokens + lower_tier_tokens * self.lower_tier_factor
         prefill_s = float(per_ktoken * tokens / _TOKEN_SCALE)
@@ -115,6 +130,8 @@ class TtftPredictor:
         if not (0.0 < ttft_s < 3600.0) or uncached_tokens < 0:
             return
         model = self._model(engine)
+        if model.observations == 0 and self._fleet_theta is not None:
+            model.theta = self._fleet_theta.copy()  # start from what the fleet taught
         tokens = uncached_tokens + lower_tier_tokens * self.lower_tier_factor
         x = np.array([1.0, max(0.0, queue_depth), tokens / _TOKEN_SCALE])
         lam = self.forgetting
@@ -130,6 +147,7 @@ class TtftPredictor:
         # costs are physical: never negative, and the prefill cost never collapses to zero
         model.theta = np.maximum(model.theta, [0.0, 0.0, 1e-9 * _TOKEN_SCALE])
         model.observations += 1
+        self._refresh_fleet()
 
 
 @dataclass(frozen=True)
@@ -170,37 +188,3 @@ def learn_ttft(
         ttft_s=outcome.ttft_s,
     )
     return outcome.ttft_s
-
-
-class RecentTtfts:
-    """The TTFTs the router measured lately, for "is this prediction in the tail?".
-
-    A window of the last `window` first-token times (any engine). Quantiles are worked out
-    again every `refresh` observations, so asking costs nothing per request.
-    """
-
-    def __init__(self, window: int = 512, min_samples: int = 64, refresh: int = 32) -> None:
-        if window <= 0 or min_samples <= 0 or refresh <= 0:
-            raise ValueError("window, min_samples and refresh must be positive")
-        self.min_samples = min_samples
-        self.refresh = refresh
-        self._ttfts: deque[float] = deque(maxlen=window)
-        self._sorted: list[float] = []
-        self._since_sort = 0
-
-    def __len__(self) -> int:
-        return len(self._ttfts)
-
-    def observe(self, ttft_s: float) -> None:
-        if 0.0 < ttft_s < 3600.0:
-            self._ttfts.append(ttft_s)
-            self._since_sort += 1
-
-    def quantile(self, q: float) -> float | None:
-        """The `q` quantile of recent TTFTs, or None before `min_samples` of them."""
-        if len(self._ttfts) < self.min_samples:
-            return None
-        if self._since_sort >= self.refresh or len(self._sorted) < self.min_samples:
-            self._sorted = sorted(self._ttfts)
-            self._since_sort = 0
-        return self._sorted[min(len(self._sorted) - 1, int(q * len(self._sorted)))]

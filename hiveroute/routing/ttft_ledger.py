@@ -1,14 +1,13 @@
 """The book-keeping around a TTFT prediction, shared by every plugin that predicts (kv, workflow).
 
 A prediction needs the engine's prefill backlog (backlog.py); a routed request adds to that
-backlog and to the engine's recent cache writes (footprint.py); its first token settles the
-backlog, and its measured TTFT teaches the predictor (ttft.py). `TtftLedger` does those steps in
-that order, in one place, so two plugins cannot drift apart on them.
+backlog; its first token settles the backlog, and its measured TTFT teaches the predictor
+(ttft.py). `TtftLedger` does those steps in that order, in one place, so two plugins cannot
+drift apart on them.
 
-A ledger is a thin view: the predictor, backlog, footprint and record of recent TTFTs it works
-on are the router's shared ones, and the per-request entries live under fixed CycleState keys.
-So a pipeline with two predicting plugins counts each routed request once and learns from each
-TTFT once.
+A ledger is a thin view: the predictor and backlog it works on are the router's shared ones,
+and the per-request entries live under fixed CycleState keys. So a pipeline with two predicting
+plugins counts each routed request once and learns from each TTFT once.
 """
 
 from __future__ import annotations
@@ -16,9 +15,7 @@ from __future__ import annotations
 from hiveroute.engines.engine import Engine
 from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, RequestOutcome, RoutingRequest, StateKey
-from hiveroute.routing.footprint import KvFootprint
 from hiveroute.routing.ttft import (
-    RecentTtfts,
     RoutedFeatures,
     TtftPredictor,
     learn_ttft,
@@ -26,8 +23,6 @@ from hiveroute.routing.ttft import (
 
 # RoutedFeatures of the chosen engine, for learning
 ROUTED_KEY: StateKey[RoutedFeatures] = StateKey("ttft_routed")
-# the engine whose footprint counts this request already
-WRITTEN_KEY: StateKey[str] = StateKey("ttft_written_to")
 
 
 class TtftLedger:
@@ -37,16 +32,11 @@ class TtftLedger:
         self,
         predictor: TtftPredictor | None = None,
         backlog: PrefillBacklog | None = None,
-        footprint: KvFootprint | None = None,
-        recent: RecentTtfts | None = None,
         *,
         drain_backlog: bool = True,
     ) -> None:
-        # `is None`, not `or`: an empty RecentTtfts is falsy, and a shared one must be kept
         self.predictor = TtftPredictor() if predictor is None else predictor
         self.backlog = PrefillBacklog() if backlog is None else backlog
-        self.footprint = KvFootprint() if footprint is None else footprint
-        self.recent = RecentTtfts() if recent is None else recent
         # count an engine's backlog as drained at its learned prefill rate (backlog.py)
         self.drain_backlog = drain_backlog
 
@@ -64,18 +54,29 @@ class TtftLedger:
             lower_tier_tokens=lower_tier_tokens,
         )
 
+    def prefill_seconds(self, engine: Engine, uncached: int, lower_tier_tokens: int = 0) -> float:
+        """Seconds `engine` spends prefilling a request's own uncached tokens."""
+        return self.predictor.estimate(
+            engine.name,
+            queue_depth=0.0,
+            uncached_tokens=max(0, uncached),
+            lower_tier_tokens=lower_tier_tokens,
+        ).prefill_s
+
+    def decoding(self, engine: Engine) -> float:
+        """Requests decoding on `engine` (in flight and past their first token)."""
+        queue, _ = self.backlog.features(engine, 0)
+        return queue
+
     def routed(
         self, engine: Engine, uncached: int, state: CycleState, lower_tier_tokens: int = 0
     ) -> None:
         """The request goes to `engine` with `uncached` tokens to prefill: remember what its
-        TTFT will be learned against, then add it to the engine's backlog and writes."""
+        TTFT will be learned against, then add it to the engine's backlog."""
         uncached = max(0, uncached)
         queue, to_prefill = self._features(engine, 0)
         state[ROUTED_KEY] = RoutedFeatures(queue, to_prefill, uncached, lower_tier_tokens)
         self.backlog.add(engine.name, uncached, state)  # replaces an earlier attempt's entry
-        if state.get(WRITTEN_KEY) != engine.name:
-            state[WRITTEN_KEY] = engine.name
-            self.footprint.add(engine.name, uncached)
 
     def first_token(self, state: CycleState) -> None:
         """The request's prefill is over: its tokens leave the backlog."""
@@ -87,7 +88,4 @@ class TtftLedger:
         """Settles the backlog (if no first token did) and learns from the measured TTFT once;
         returns that TTFT, or None when there was nothing to learn from."""
         self.backlog.settle(state)
-        ttft = learn_ttft(self.predictor, request, outcome, state.pop(ROUTED_KEY, None))
-        if ttft is not None:
-            self.recent.observe(ttft)
-        return ttft
+        return learn_ttft(self.predictor, request, outcome, state.pop(ROUTED_KEY, None))

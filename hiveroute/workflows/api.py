@@ -11,7 +11,7 @@ from hiveroute.gateway.auth import principal_of
 from hiveroute.gateway.body import parse_json_object, read_body
 from hiveroute.workflows.expansion import SEPARATOR, canonical_order
 from hiveroute.workflows.openapi import handle_openapi
-from hiveroute.workflows.placement import new_home
+from hiveroute.workflows.placement import new_context_home
 from hiveroute.workflows.registry import WorkflowView, check_id
 from hiveroute.workflows.scope import scoped
 from hiveroute.workflows.service import WorkflowService
@@ -19,6 +19,7 @@ from hiveroute.workflows.service import WorkflowService
 SERVICE_KEY: web.AppKey[WorkflowService] = web.AppKey("workflows", WorkflowService)
 
 API_BODY_LIMIT = 64 * 1024
+MAX_LIST_LIMIT = 10_000  # GET /v1/workflows?limit=
 
 
 def _tenant(request: web.Request) -> str | None:
@@ -74,8 +75,14 @@ async def create_workflow(request: web.Request) -> web.Response:
 async def list_workflows(request: web.Request) -> web.Response:
     service = _service(request)
     await service.flush()
-    summaries = await service.registry.summaries(_tenant(request))
-    return web.json_response({"object": "list", "data": summaries})
+    raw = request.query.get("limit")
+    limit = None
+    if raw is not None:
+        if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST_LIMIT:
+            raise BadRequest(f"'limit' must be an integer 1..{MAX_LIST_LIMIT}", param="limit")
+        limit = int(raw)
+    summaries, total = await service.registry.summaries(_tenant(request), limit=limit)
+    return web.json_response({"object": "list", "data": summaries, "total": total})
 
 
 async def get_workflow(request: web.Request) -> web.Response:
@@ -166,7 +173,7 @@ async def _prewarm(service: WorkflowService, view: WorkflowView) -> None:
     if not candidates:
         return
     if view.home is None:
-        best = new_home(service, candidates)
+        best = new_context_home(service, candidates, len(prefix))
         await service.registry.claim_home(view, best.name)
     engine = pool.get(view.home) if view.home else None
     if engine is not None and engine.healthy:

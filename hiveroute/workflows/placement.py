@@ -1,31 +1,30 @@
 """Workflow placement: the `workflow` policy's scorer.
 
-A new workflow gets a home engine among those home to the fewest active workflows (weighted by
-context size), the freest of them now; every replica agrees on it (set-if-absent in the state
-store). Its agents follow the home while the predicted TTFT there
-is not far worse than the alternatives' (`home_margin`: by default up to 9 × the best, since
-leaving costs a prefill and a second copy of the context) and its load stays under a loose
-bounded-load limit (8 × the average + 32 by default: measured, staying home beats spilling early
-on fan-out workloads; benchmarks/results/workflow_tuning.md); an
-agent that already ran on one of the workflow's engines returns there, where its own history is
-cached too: the home holds the workflow's prefix, so it is predicted to need only
-the uncached rest, while another engine would prefill everything. When a fan-out would overload
-the home (its queue past a bounded-load limit, or its predicted TTFT worse than elsewhere even
-with the cache), siblings spill to a second engine, which becomes a secondary home: later
-spills go there too, so the shared context is prefilled there once, not once per request. Up to
-`max_homes` engines per workflow. Requests without a workflow go where predicted TTFT is least.
+The decision is the `kv` policy's (routing/cost.py: a request goes where it costs the fleet
+least: its predicted TTFT, the delay its prefill adds to others, the live blocks it evicts).
+What a workflow adds is knowledge the KV events cannot have yet:
+- a home: the engine its first request is placed on, agreed by every replica before routing
+  (set-if-absent in the state store), so keep-warm, pre-warm and the dashboards know where the
+  workflow lives; engines it later spills to become secondary homes;
+- its registered shared context (`context_refs`) counts as cached on its homes from the moment
+  it is placed there (pre-warmed, or in flight for a sibling), before any event confirms it;
+- what one of its engines is known to hold of a request, its other engines are expected to hold
+  too (they all served its shared prefix, though this replica may not have seen it go there),
+  except an agent's own history on its own engine;
+- among engines of equal cost (nothing known), its homes come first, so every replica sends the
+  workflow where the others did.
+An agent returns to the engine holding its own history because the KV index says so, not by a
+rule. Requests without a workflow are priced like any other.
 
 Reasons (CycleState["reason"]): workflow_new_home, workflow_home, workflow_spill (to an
 existing secondary home), workflow_new_spill (a new secondary home), workflow_none (no
-workflow id: least predicted TTFT), workflow_home_moved (the home left the pool).
+workflow id), workflow_home_moved (the home left the pool).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 from hiveroute.engines.engine import Engine
+from hiveroute.kvindex.index import PrefixMatch
 from hiveroute.routing.base import (
     CycleState,
     RequestOutcome,
@@ -33,23 +32,24 @@ from hiveroute.routing.base import (
     Scorer,
     ScorerCategory,
     StateKey,
-    load_bound,
 )
-from hiveroute.routing.cache_aware import PrefixMatcher
-from hiveroute.routing.footprint import new_context_engine
+from hiveroute.routing.cache_aware import PrefixMatcher, decision_memory
+from hiveroute.routing.cost import CachedPrompt, RoutingCost, scores_from_costs
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.registry import PluginContext
-from hiveroute.routing.request_tokens import TOKEN_IDS_KEY
+from hiveroute.routing.request_tokens import TOKEN_IDS_KEY, request_block_keys
 from hiveroute.workflows.registry import WorkflowView
 from hiveroute.workflows.scope import scoped
 from hiveroute.workflows.service import WorkflowService
 
 VIEW_KEY: StateKey[WorkflowView] = StateKey("workflow_view")
+# where this router's own decisions sent each prefix, for engines without KV events
+MEMORY_KEY: StateKey[dict[str, PrefixMatch]] = StateKey("workflow_decision_memory")
+# engine name -> what the last decision expected it to hold of the prompt
+HELD_KEY: StateKey[dict[str, CachedPrompt]] = StateKey("workflow_expected_held")
 # engine name -> predicted TTFT, as this scorer saw them (for logs and tests)
 PREDICTED_KEY: StateKey[dict[str, float]] = StateKey("workflow_predicted_ttft")
 MAX_AGENT_ENGINES = 1024
-HOME_TOLERANCE = 0.5  # workflows of average size an engine may be home to beyond the least
-HOME_FADE_S = 60.0  # an idle workflow's weight on its home fades after this, then decays
 
 
 def prompt_chars(request: RoutingRequest) -> int:
@@ -71,60 +71,14 @@ def prompt_chars(request: RoutingRequest) -> int:
     return 0
 
 
-def home_fitness(engine: Engine) -> float:
-    """How free `engine` is this instant: free KV capacity over queued requests."""
-    free = max(0.0, 1.0 - engine.load.kv_usage)
-    return (0.1 + free) / (1.0 + engine.load.queue_depth)
-
-
-def homed_load(
-    views: list[WorkflowView], now: float, fade_s: float = HOME_FADE_S
-) -> dict[str, float]:
-    """What each engine is home to, in workflows of average context size (secondaries half).
-
-    A workflow's agents come back to its home after every tool call, so the workflows living on
-    an engine say more about its load to come than its queue this instant (a fan-out's burst or
-    a round of tool calls). A workflow's weight is its shared context's size (the KV it keeps
-    resident there) over the average, and fades once it has been idle for `fade_s`: one that
-    finished without being ended no longer counts after a few minutes.
-    """
-    sizes = [len(v.warm_text) for v in views if v.warm_text]
-    mean = sum(sizes) / len(sizes) if sizes else 1.0
-    loads: dict[str, float] = {}
-    for view in views:
-        size = len(view.warm_text) / mean if view.warm_text else 1.0
-        idle = max(0.0, now - view.last_active_at - fade_s)
-        weight = size * math.exp(-idle / fade_s)
-        for i, name in enumerate(view.engines):
-            loads[name] = loads.get(name, 0.0) + (weight if i == 0 else 0.5 * weight)
-    return loads
-
-
-def best_home(
-    candidates: list[Engine],
-    views: list[WorkflowView],
-    now: float,
-    home_tolerance: float = HOME_TOLERANCE,
-) -> Engine:
-    """A new workflow's home: among the engines home to the fewest workflows (within
-    `home_tolerance` of an average workflow), the freest now.
-
-    Balancing homes first is what keeps the fleet's KV and decode load even over a workflow's
-    life (SGLang's router gets the same from sending unmatched prompts to its smallest tree);
-    an instant's queue only breaks the tie.
-    """
-    loads = homed_load(views, now)
-    least = min(loads.get(e.name, 0.0) for e in candidates)
-    near = [e for e in candidates if loads.get(e.name, 0.0) <= least + home_tolerance + 1e-9]
-    return max(near, key=lambda e: (home_fitness(e), e.name))
-
-
-def new_home(
-    service: Any, candidates: list[Engine], home_tolerance: float = HOME_TOLERANCE
-) -> Engine:
-    """`best_home` over the workflows this replica knows to be active (`WorkflowService`)."""
-    registry = service.registry
-    return best_home(candidates, registry.active_views(), registry.clock(), home_tolerance)
+def new_context_home(service: WorkflowService, candidates: list[Engine], n_chars: int) -> Engine:
+    """Where a context nobody holds yet goes (a declared workflow's home, before its
+    pre-warm): the engine where prefilling it costs the fleet least."""
+    cost = service.cost
+    n_tokens = int(n_chars / 4.0)
+    return RoutingCost.cheapest(
+        [cost.price(e, n_tokens, CachedPrompt()) for e in candidates]
+    ).engine
 
 
 class WorkflowPlacementScorer(Scorer):
@@ -136,46 +90,26 @@ class WorkflowPlacementScorer(Scorer):
         ctx: PluginContext,
         workflows: WorkflowService,
         *,
-        load_factor: float = 8.0,
-        slack: int = 32,
-        max_homes: int = 2,
-        home_margin: float = 8.0,
-        chars_per_token: float = 4.0,
-        home_tolerance: float = HOME_TOLERANCE,
         drain_backlog: bool = True,
     ) -> None:
-        if load_factor < 1.0:
-            raise ValueError("load_factor must be at least 1.0")
-        if (
-            slack < 0
-            or max_homes < 1
-            or home_margin < 0
-            or chars_per_token <= 0
-            or home_tolerance < 0
-        ):
-            raise ValueError(
-                "slack, home_margin and home_tolerance must be >= 0, max_homes >= 1, "
-                "chars_per_token > 0"
-            )
         self.service = workflows
         self.pool = ctx.pool
-        self.load_factor = load_factor
-        self.slack = slack
-        self.max_homes = max_homes
-        self.home_margin = home_margin
-        self.chars_per_token = chars_per_token  # learned from usage as requests complete
-        # how far past the least-homed engine a new home may be (in average workflows)
-        self.home_tolerance = home_tolerance
-        # the router's TTFT predictor, backlog and footprint, as the `kv` policy sees them
+        self.chars_per_token = 4.0  # learned from usage as requests complete
+        # the router's TTFT predictor and backlog, as the `kv` policy sees them
         self.ledger = ctx.costs.ledger(drain_backlog=drain_backlog)
         # what the engines' KV events say each engine holds of a prompt (the `kv` policy's
         # index, tokenizer and per-cycle memo)
         self.matcher = PrefixMatcher(ctx.kv_index, ctx.tokenizer)
+        # for engines that send no KV events: where this router's decisions sent each
+        # prefix (the `prefix` policy's knowledge), so a workflow still finds its homes
+        self.memory = decision_memory(ctx.tokenizer, matches_key=MEMORY_KEY)
+        # the router's one cost model (the `kv` policy's ledger, live set and index)
+        self.cost = RoutingCost(self.ledger, ctx.costs.live, ctx.kv_index)
 
     # --- before the decision: agree on the home --------------------------------------------
 
     async def prepare(self, request: RoutingRequest, state: CycleState) -> None:
-        self.matcher.tokens(request, state)
+        tokens = self.matcher.tokens(request, state)
         name = request.metadata.workflow_id
         service = self.service
         if name is None or service is None:
@@ -188,18 +122,18 @@ class WorkflowPlacementScorer(Scorer):
         candidates = pool.candidates(request.model)
         if not candidates:
             return
-        names = {e.name for e in candidates}
+        if view.home is not None and pool.get(view.home) is not None:
+            return
+        n = len(tokens) if tokens else self.tokens(request, state)
+        costs = [self.cost.price(e, n, self.known(request, state, e)) for e in candidates]
+        best = RoutingCost.cheapest(costs).engine
         if view.home is None:
-            best = new_home(service, candidates, self.home_tolerance)
             await service.registry.claim_home(view, best.name)
             if view.home == best.name:
                 state[REASON_KEY] = "workflow_new_home"
-        elif pool.get(view.home) is None:  # the home left the pool: move it
-            best = new_home(service, candidates, self.home_tolerance)
+        else:  # the home left the pool: move it
             await service.registry.replace_home(view, view.home, best.name)
             state[REASON_KEY] = "workflow_home_moved"
-        elif view.home not in names and view.secondaries:
-            pass  # home is down for now: secondaries or the best alternative take over
 
     # --- the decision ---------------------------------------------------------------------
 
@@ -209,86 +143,75 @@ class WorkflowPlacementScorer(Scorer):
             return len(ids)
         return int(prompt_chars(request) / self.chars_per_token)
 
-    def bound(self, candidates: list[Engine]) -> int:
-        return load_bound(candidates, self.load_factor, self.slack)
+    def known(self, request: RoutingRequest, state: CycleState, engine: Engine) -> CachedPrompt:
+        """What this router knows the engine holds of the prompt: its KV events, or, for an
+        engine without events, where this router's own decisions sent the prompt's prefix."""
+        events = self.matcher.block_size(engine) is not None
+        m = (self.matcher if events else self.memory).match(request, engine, state)
+        return CachedPrompt(m.gpu_tokens, m.lower_tokens)
 
-    def _cached(
+    def expected(
         self,
         request: RoutingRequest,
         state: CycleState,
         view: WorkflowView | None,
-        engine: Engine,
-        n_tokens: int,
-    ) -> int:
-        """Tokens of this prompt the engine is expected to hold: what its KV events say (an
-        agent's own history included), and at least the workflow's shared prefix on its homes
-        (put there by its earlier requests, a pre-warm, or a sibling in flight)."""
-        exact = min(n_tokens, self.matcher.match(request, engine, state).tokens)
-        if view is None or engine.name not in view.engines:
-            return exact
-        warm = int(min(n_tokens, len(view.warm_text or "") / self.chars_per_token))
-        return max(exact, warm)
+        candidates: list[Engine],
+    ) -> dict[str, CachedPrompt]:
+        """What each engine is expected to hold of this prompt: what is known, and on the
+        workflow's engines at least (1) its registered shared context (pre-warmed, or in flight
+        for a sibling) and (2) what another of its engines is known to hold, since they all
+        served the workflow's shared prefix (this replica may not have seen it go there). The
+        agent's own engine does not lend what it holds: that is the agent's own history."""
+        held = {e.name: self.known(request, state, e) for e in candidates}
+        if view is None:
+            return held
+        mine = view.agent_engines.get(request.metadata.agent_id or "")
+        ours = [name for name in view.engines if name in held]
+        lent = max((held[name].gpu_tokens for name in ours if name != mine), default=0)
+        warm = int(len(view.warm_text) / self.chars_per_token) if view.warm_text else 0
+        for name in ours:
+            found = held[name]
+            held[name] = CachedPrompt(max(found.gpu_tokens, lent, warm), found.lower_tokens)
+        return held
 
     def score(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
     ) -> dict[str, float]:
         view: WorkflowView | None = state.get(VIEW_KEY)
         n = self.tokens(request, state)
-        predicted: dict[str, float] = {}
-        cached: dict[str, int] = {}
-        for e in candidates:
-            cached[e.name] = self._cached(request, state, view, e, n)
-            predicted[e.name] = self.ledger.predict(e, n - cached[e.name])
-        by_name = {e.name: e for e in candidates}
-        bound = self.bound(candidates)
-
-        def fits(name: str) -> bool:
-            return by_name[name].load.queue_depth + 1 <= bound
-
-        best_any = min(predicted.values())
-        chosen: str
-        reason: str
+        held = self.expected(request, state, view, candidates)
+        state[HELD_KEY] = held
+        costs = [self.cost.price(e, n, held[e.name]) for e in candidates]
+        # among equal costs (nothing known of what the engines hold), the workflow's homes:
+        # so every replica sends its requests where the others did
+        chosen = RoutingCost.cheapest(costs, view.engines if view is not None else ())
+        name = chosen.engine.name
         if view is None:
-            placed = new_context_engine(
-                candidates, predicted, predicted, cached, n, self.ledger.footprint
-            )
-            if placed is None:  # not a new context: the fastest first token
-                placed = min(candidates, key=lambda e: (predicted[e.name], e.name))
-            chosen = placed.name
             reason = "workflow_none"
+        elif name == view.home:
+            reason = "workflow_home"
+        elif name in view.engines:
+            reason = "workflow_spill"
         else:
-            homes = [e for e in view.engines if e in by_name]
-            home = view.home if view.home in by_name else None
-            agent = request.metadata.agent_id
-            mine = view.agent_engines.get(agent) if agent is not None else None
-            # The agent's own engine holds its history too; then the home; then secondaries.
-            order = list(dict.fromkeys([*([mine] if mine in homes else []), *homes]))
-            limit = best_any * (1.0 + self.home_margin) + 1e-9
-            within = [h for h in order if fits(h) and predicted[h] <= limit]
-            if within:
-                chosen = within[0]
-                reason = "workflow_home" if chosen == home else "workflow_spill"
-            elif len(homes) >= self.max_homes:  # no more homes: the least bad one of them
-                chosen = min(homes, key=lambda h: (predicted[h], h))
-                reason = "workflow_home" if chosen == home else "workflow_spill"
-            else:
-                others = [e for e in candidates if e.name not in homes and fits(e.name)]
-                pool = others or candidates
-                chosen = min(pool, key=lambda e: (predicted[e.name], e.name)).name
-                reason = "workflow_new_spill" if chosen not in homes else "workflow_spill"
-            state.setdefault(REASON_KEY, reason)
+            reason = "workflow_new_spill"
         state.setdefault(REASON_KEY, reason)
-        state[PREDICTED_KEY] = predicted
-        return {
-            name: 1.0 if name == chosen else 0.5 * (best_any / p if p > 0 else 1.0)
-            for name, p in predicted.items()
-        }
+        state[PREDICTED_KEY] = {c.engine.name: c.ttft_s for c in costs}
+        return scores_from_costs(costs, chosen)
 
     def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
         view: WorkflowView | None = state.get(VIEW_KEY)
         n = self.tokens(request, state)
-        self.ledger.routed(engine, n - self._cached(request, state, view, engine, n), state)
+        held: dict[str, CachedPrompt] = state.get(HELD_KEY) or {}
+        found = held.get(engine.name) or self.known(request, state, engine)
+        self.ledger.routed(engine, n - found.tokens, state)
+        events = self.matcher.block_size(engine) is not None
         self.matcher.speculate(request, engine, state, None)  # siblings see it before events
+        if not events:  # no events from this engine (yet): remember the decision instead
+            self.memory.speculate(request, engine, state, None)
+        tokens = state.get(TOKEN_IDS_KEY)
+        size = (self.matcher if events else self.memory).block_size(engine)
+        if isinstance(tokens, list) and tokens and size is not None:
+            self.cost.routed(engine, request_block_keys(request, state, tokens, size))
         service = self.service
         agent = request.metadata.agent_id
         if view is not None and agent is not None:

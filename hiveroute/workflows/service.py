@@ -19,9 +19,12 @@ from prometheus_client import Counter, Gauge
 from hiveroute.config import RouterConfig
 from hiveroute.engines.client import EngineClient
 from hiveroute.engines.pool import EnginePool
+from hiveroute.kvindex.index import KvIndex
 from hiveroute.kvindex.tokenizer import Tokenizer
 from hiveroute.observability.metrics import RouterMetrics
 from hiveroute.routing.base import RequestOutcome, RoutingRequest
+from hiveroute.routing.cost import RoutingCost
+from hiveroute.routing.costs import CostModel
 from hiveroute.state.store import StateStore
 from hiveroute.workflows.accounting import CrossAgentAccountant
 from hiveroute.workflows.contexts import ContextRegistry
@@ -84,6 +87,7 @@ class WorkflowService:
         metrics: RouterMetrics,
         pool: EnginePool,
         client: EngineClient,
+        cost: RoutingCost | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -107,6 +111,8 @@ class WorkflowService:
         self.accountant = CrossAgentAccountant(tokenizer, max_workflows=config.max_workflows)
         self.metrics = WorkflowMetrics(metrics)
         self.pool = pool
+        # what a prefill costs on each engine (the routing cost model): where a new context goes
+        self.cost = cost if cost is not None else CostModel().routing_cost(KvIndex())
         self.keep_warm = KeepWarm(self, pool, client)
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -166,25 +172,28 @@ class WorkflowService:
         return bool(view.settings.priority_scheduling or self.config.workflow_priorities)
 
     def layout_on(self, view: WorkflowView | None) -> bool:
-        if view is None:
-            return False
-        return bool(view.settings.shared_prefix_layout or self.config.shared_prefix_layout)
+        """The layout for a workflow (None: one not created yet, so its default settings)."""
+        own = view is not None and view.settings.shared_prefix_layout
+        return bool(own or self.config.shared_prefix_layout)
 
     async def before_route(self, request: RoutingRequest) -> None:
         meta = request.metadata
         workflow_key = scoped(request.tenant, meta.workflow_id) if meta.workflow_id else None
-        view = await self.registry.ensure(workflow_key) if workflow_key else None
+        # Read, not create: a request refused below (an unknown or foreign context) must leave
+        # no workflow behind. A workflow seen for the first time has the default settings.
+        known = await self.registry.view(workflow_key) if workflow_key else None
         expansion = await expand_contexts(
             request.body,
             chat=request.is_chat,
             refs=meta.context_refs,
             tenant=request.tenant,
             workflow_id=workflow_key,
-            workflow_context_ids=view.settings.context_ids if view else [],
-            layout=self.layout_on(view),
+            workflow_context_ids=known.settings.context_ids if known else [],
+            layout=bool(workflow_key) and self.layout_on(known),
             contexts=self.contexts,
             max_bytes=self.config.max_body_bytes,
         )
+        view = await self.registry.ensure(workflow_key) if workflow_key else None
         if expansion is not None:
             request.body = expansion.body
         if meta.priority is not None and "priority" not in request.body:

@@ -20,9 +20,10 @@ PACKAGE = Path(hiveroute.__file__).parent
 # (and, within a layer, never in a circle).
 LAYERS: list[set[str]] = [
     {"errors", "lifecycle", "runtime"},
-    {"config", "metadata"},
+    {"config", "metadata", "extras"},
     {"engines"},
     {"kvindex"},
+    {"protocols"},
     {"routing"},
     {"observability"},
     {"state"},

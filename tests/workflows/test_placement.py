@@ -1,4 +1,7 @@
-"""The `workflow` policy: a home per workflow, siblings follow it, spill once to a secondary."""
+"""The `workflow` policy: a home per workflow, siblings follow it, spill once to a secondary.
+
+The decision is the `kv` cost (routing/cost.py); these engines send no KV events, so what an
+engine holds is where the router's own decisions sent each prefix."""
 
 from typing import Any
 
@@ -6,18 +9,12 @@ import pytest
 
 from hiveroute.assembly import Router, assemble
 from hiveroute.config import RouterConfig
-from hiveroute.engines.engine import Engine, EngineSpec
+from hiveroute.engines.engine import Engine
+from hiveroute.kvindex.events import BlockStored
 from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.backlog import PrefillBacklog
-from hiveroute.routing.base import CycleState, RoutingRequest
-from hiveroute.workflows.model import WorkflowSettings
-from hiveroute.workflows.placement import (
-    PREDICTED_KEY,
-    WorkflowPlacementScorer,
-    best_home,
-    homed_load,
-)
-from hiveroute.workflows.registry import WorkflowView
+from hiveroute.routing.base import CycleState, RequestOutcome, RoutingRequest
+from hiveroute.workflows.placement import PREDICTED_KEY
 from hiveroute.workflows.service import WorkflowService
 
 SHARED = "shared context words. " * 400
@@ -37,20 +34,28 @@ def make_router(n: int = 4, **params: Any) -> tuple[Router, WorkflowService]:
     return router, service
 
 
-def request(workflow: str | None, agent: str, rid: str) -> RoutingRequest:
+def request(
+    workflow: str | None, agent: str, rid: str, context: str = SHARED, own: int = 1
+) -> RoutingRequest:
+    """A request of `agent`: the workflow's shared `context`, then `own` words of its own."""
+    content = context + " ".join([agent] * own)
     return RoutingRequest(
         request_id=rid,
         path="/v1/chat/completions",
-        body={"model": "m", "messages": [{"role": "system", "content": SHARED + agent}]},
+        body={"model": "m", "messages": [{"role": "system", "content": content}]},
         metadata=RequestMetadata(workflow_id=workflow, agent_id=agent),
     )
 
 
-async def route(router: Router, req: RoutingRequest) -> tuple[str, str]:
+async def route(router: Router, req: RoutingRequest, *, done: bool = False) -> tuple[str, str]:
+    """Route `req`; it stays in flight there, or with `done` it completes at once."""
     for hook in router.pipeline.hooks:
         await hook.before_route(req)
-    decision, _ = await router.policy.route(req, router.pool.candidates(None))
-    decision.engine.load.in_flight += 1
+    decision, state = await router.policy.route(req, router.pool.candidates(None))
+    if done:
+        router.policy.on_completed(req, RequestOutcome(decision.engine, 200), state)
+    else:
+        decision.engine.load.in_flight += 1
     return decision.engine.name, decision.reason
 
 
@@ -68,32 +73,35 @@ async def send_huge_prompt(router: Router, engine: Engine) -> tuple[RoutingReque
     return huge, state
 
 
-async def test_new_home_prefers_free_kv_and_low_load() -> None:
+async def test_a_new_home_goes_where_the_workflow_costs_least() -> None:
     router, _ = make_router()
     e0, e1, e2, e3 = router.pool.engines
-    e0.load.kv_usage, e1.load.kv_usage, e2.load.kv_usage, e3.load.kv_usage = 0.9, 0.2, 0.1, 0.1
-    e2.load.in_flight = 3
+    e0.load.in_flight, e1.load.in_flight, e2.load.in_flight = 2, 1, 3
     engine, reason = await route(router, request("w", "planner", "r1"))
     assert (engine, reason) == (e3.name, "workflow_new_home")
 
 
 async def test_siblings_follow_home_then_spill_to_one_secondary() -> None:
-    router, service = make_router(load_factor=1.0, slack=1, max_homes=2)
+    router, service = make_router()
     home, reason = await route(router, request("w", "planner", "r0"))
     assert reason == "workflow_new_home"
-    picks = [await route(router, request("w", f"executor-{i}", f"x{i}")) for i in range(8)]
+    picks = [await route(router, request("w", f"executor-{i}", f"x{i}")) for i in range(3)]
+    assert picks == [(home, "workflow_home")] * 3  # waiting for the prefix beats recomputing it
+    home_engine = router.pool.get(home)
+    assert home_engine is not None
+    home_engine.load.in_flight = 200  # the fan-out's requests decode there now: a long queue
+    picks = [await route(router, request("w", f"worker-{i}", f"y{i}")) for i in range(4)]
     reasons = [r for _, r in picks]
-    assert reasons[0] == "workflow_home"
-    assert "workflow_new_spill" in reasons
-    assert reasons.count("workflow_new_spill") == 1  # the context is replicated once
+    assert reasons[0] == "workflow_new_spill"
+    assert reasons.count("workflow_new_spill") == 1  # the context is copied once
     engines = {e for e, _ in picks}
-    assert len(engines) == 2 and home in engines  # siblings never scatter past the two homes
+    assert len(engines) == 1 and home not in engines  # siblings follow the copy
     view = service.registry.cached_view("w")
     assert view is not None and view.home == home and len(view.engines) == 2
     await service.flush()
     described = await service.registry.describe("w")
     assert described["home_engine"] == home
-    assert described["secondary_engines"] == [e for e in engines if e != home]
+    assert described["secondary_engines"] == sorted(engines)
 
 
 async def test_home_wins_while_its_predicted_ttft_does() -> None:
@@ -126,26 +134,31 @@ async def test_new_homes_spread_over_idle_engines() -> None:
     router, _ = make_router(n=4)
     homes = []
     for i in range(8):
-        homes.append((await route(router, request(f"w{i}", "planner", f"r{i}")))[0])
+        own_context = f"context of workflow {i}. " * 200
+        homes.append((await route(router, request(f"w{i}", "planner", f"r{i}", own_context)))[0])
         for engine in router.pool.engines:
-            engine.load.in_flight = 0  # every request done: only the homes already given count
+            engine.load.in_flight = 0  # every request done: only where they live counts
     assert sorted(homes.count(e.name) for e in router.pool.engines) == [2, 2, 2, 2]
 
 
 async def test_an_agent_returns_to_its_own_engine_among_the_homes() -> None:
-    router, _ = make_router(n=3, load_factor=1.0, slack=0)
-    home, _ = await route(router, request("w", "planner", "r0"))
+    router, _ = make_router(n=3)
+    home, _ = await route(router, request("w", "planner", "r0", own=100), done=True)
     home_engine = router.pool.get(home)
     assert home_engine is not None
-    home_engine.load.in_flight = 10  # a fan-out overloads the home
-    spill, reason = await route(router, request("w", "executor-0", "r1"))
+    home_engine.load.in_flight = 200  # a fan-out overloads the home
+    spill, reason = await route(router, request("w", "executor-0", "r1", own=100), done=True)
     assert spill != home and reason == "workflow_new_spill"
     for engine in router.pool.engines:
         engine.load.in_flight = 0
-    assert await route(router, request("w", "executor-0", "r2")) == (spill, "workflow_spill")
+    # its own 100 words are cached on the spill engine only
+    assert await route(router, request("w", "executor-0", "r2", own=101)) == (
+        spill,
+        "workflow_spill",
+    )
     for engine in router.pool.engines:
         engine.load.in_flight = 0
-    assert await route(router, request("w", "executor-1", "r3")) == (home, "workflow_home")
+    assert await route(router, request("w", "planner", "r3", own=101)) == (home, "workflow_home")
 
 
 async def test_a_pending_prefill_counts_until_its_first_token() -> None:
@@ -156,15 +169,13 @@ async def test_a_pending_prefill_counts_until_its_first_token() -> None:
     a.load.in_flight += 1
     assert await route(router, request(None, "x", "r1")) == (b.name, "workflow_none")
     router.policy.on_first_token(huge, a, state)  # prefilled: a only decodes it now
-    b.load.in_flight = (
-        50  # (two would do, but a was just written 80k tokens: a new context avoids it)
-    )
-    assert await route(router, request(None, "x", "r2")) == (a.name, "workflow_none")
+    b.load.in_flight = 2
+    other = "another conversation. " * 400
+    assert await route(router, request(None, "y", "r2", other)) == (a.name, "workflow_none")
 
 
 async def test_placement_reads_what_the_kv_index_says_each_engine_holds() -> None:
     from hiveroute.kvindex.blocks import block_keys
-    from hiveroute.kvindex.events import BlockStored
     from hiveroute.routing.request_tokens import TOKEN_IDS_KEY
 
     router, _ = make_router(n=3)
@@ -182,52 +193,6 @@ async def test_placement_reads_what_the_kv_index_says_each_engine_holds() -> Non
     index.apply(c.name, BlockStored(hashes, None, tokens[: count * size], size))
     # ... but c holds the whole prompt: predicted TTFT there is a queue slot, not a prefill
     assert await route(router, req) == (c.name, "workflow_none")
-
-
-async def test_a_new_workflow_goes_to_the_engine_home_to_fewest_workflows_not_the_idlest() -> None:
-    async def new_home(tolerance: float) -> str:
-        router, _ = make_router(n=2, home_tolerance=tolerance)
-        placement = router.policy.scorers[0].scorer
-        assert isinstance(placement, WorkflowPlacementScorer)
-        first, second = router.pool.engines
-        second.load.in_flight = 100  # busy while two workflows arrive: both settle on `first`
-        placement.home_tolerance = 10.0  # (balancing would send the second to `second`)
-        for i in range(2):
-            home, _ = await route(router, request(f"w{i}", "planner", f"r{i}"))
-            assert home == first.name
-            first.load.in_flight = 0  # their agents are in a tool call now
-        placement.home_tolerance = tolerance
-        second.load.in_flight = 3  # serving three requests, home to no workflow
-        home, reason = await route(router, request("new", "planner", "r9"))
-        assert reason == "workflow_new_home"
-        return "homed" if home == first.name else "busy"
-
-    assert await new_home(0.5) == "busy"  # two homed workflows will be back: balance the homes
-    assert await new_home(2.5) == "homed"  # homes within the tolerance: the idlest now wins
-
-
-def test_homed_load_weighs_workflows_by_context_size_and_fades_when_idle() -> None:
-    def view(name: str, home: str, text: str, active_at: float, second: str = "") -> WorkflowView:
-        v = WorkflowView(settings=WorkflowSettings(id=name, created_at=0.0, ttl_s=600.0))
-        v.home, v.warm_text, v.last_active_at = home, text, active_at
-        v.secondaries = [second] if second else []
-        return v
-
-    now = 1000.0
-    views = [
-        view("big", "a:1", "x" * 3000, now, second="c:1"),
-        view("small", "b:1", "x" * 1000, now),
-        view("gone", "c:1", "x" * 2000, now - 600.0),  # idle for ten minutes
-    ]
-    loads = homed_load(views, now)
-    assert loads["a:1"] == pytest.approx(1.5)  # three times the small one's context (mean 2000)
-    assert loads["b:1"] == pytest.approx(0.5)
-    assert loads["c:1"] == pytest.approx(0.75, abs=0.01)  # half of "big"; "gone" has faded
-    a, b, c = (Engine(spec=EngineSpec(url=f"http://{n}:1")) for n in "abc")
-    c.load.in_flight = 2
-    assert best_home([a, b, c], views, now).name == "b:1"  # a is idle but home to most
-    b.load.in_flight = 5
-    assert best_home([a, b, c], views, now).name == "c:1"  # within the tolerance of b: freer
 
 
 async def test_a_request_is_tokenized_once_for_routing_and_accounting() -> None:
@@ -251,16 +216,20 @@ async def test_a_request_is_tokenized_once_for_routing_and_accounting() -> None:
     )
 
 
-async def test_a_request_without_workflow_starting_a_new_context_balances_kv_writes() -> None:
+async def test_a_new_context_avoids_a_cache_full_of_live_contexts() -> None:
     router, _ = make_router(n=2)
     crowded, quiet = router.pool.engines
-    router.costs.footprint.add(crowded.name, 50_000)
-    quiet.load.in_flight = 1  # a little busier this instant
+    index = router.kv_index
+    live = router.costs.live
+    live.clock = lambda: 0.0
+    for e in (crowded, quiet):  # both filled their 1000 blocks once and evicted
+        tokens = list(range(1000 * 16))
+        hashes = [hash((e.name, i)) for i in range(1000)]
+        index.apply(e.name, BlockStored(hashes, None, tokens, 16))
+        index.block_removed(e.name, hashes[-1:])
+    live.touch(crowded.name, list(range(900)))  # sessions in use fill crowded's cache
     engine, reason = await route(router, request(None, "chat", "r1"))
     assert (engine, reason) == (quiet.name, "workflow_none")
-    quiet.load.in_flight = 500  # far slower: least predicted TTFT again
-    engine, _ = await route(router, request(None, "chat2", "r2"))
-    assert engine == crowded.name
 
 
 @pytest.mark.parametrize("drain", [True, False])

@@ -23,11 +23,21 @@ Message = dict[str, Any]
 
 @dataclass
 class BenchRequest:
-    """One request a unit wants sent: chat `messages` or a completion `prompt`."""
+    """One request a unit wants sent: chat `messages` or a completion `prompt`; with `api`
+    "responses" (`input_items`, `instructions`, `previous_response_id`) or "messages"
+    (Anthropic `messages` and `system`), through that API instead (see bench/apis.py)."""
 
     max_tokens: int
     messages: list[Message] | None = None
     prompt: str | None = None
+    api: str | None = None
+    input_items: list[Message] | str | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    system: str | list[Message] | None = None
+    # the identity headers the agent itself sends (Claude Code's, Codex's, ...), instead of
+    # hiveroute's metadata headers; the fields above still label the request in the report
+    identity_headers: dict[str, str] | None = None
     workflow_id: str | None = None
     agent_id: str | None = None
     agent_role: str | None = None
@@ -37,7 +47,10 @@ class BenchRequest:
     planned_gap_s: float = 0.0  # deliberate wait (tool call, think time) before it was sent
 
     def headers(self) -> dict[str, str]:
-        """The DESIGN.md metadata headers; peers' routers pass or ignore headers harmlessly."""
+        """The DESIGN.md metadata headers (or the agent's own identity headers); peers' routers
+        pass or ignore headers harmlessly."""
+        if self.identity_headers is not None:
+            return dict(self.identity_headers)
         pairs = {
             "X-Workflow-Id": self.workflow_id,
             "X-Agent-Id": self.agent_id,
@@ -57,6 +70,7 @@ class Reply:
     text: str
     ok: bool
     error: str | None = None
+    response_id: str | None = None  # the Responses API's id, for `previous_response_id`
 
 
 class UnitFailed(Exception):

@@ -1,0 +1,145 @@
+"""The one routing decision of the cache-aware policies (`kv`, and `workflow` on top of it).
+
+The router sends a request to the engine where it costs the fleet least, in seconds:
+
+    cost(e) = ttft(e)      this request's predicted time to first token there: queueing behind
+                           the requests decoding there, the prompt tokens sent there and not yet
+                           prefilled, and its own uncached tokens, at e's learned prefill cost
+            + delay(e)     the engine time its prefill takes from others: each request decoding
+                           on e waits for the prefill's tokens, and so does the next to arrive
+                           (uncached × cost × (decoding + 1))
+            + evict(e)     what others will prefill again because its writes push their blocks
+                           out of e's cache: uncached × cost × the live share of e's cache (the
+                           chance that an evicted block belonged to a context still in use)
+
+Everything follows from that sum, with no rule of its own:
+- A prompt an engine holds costs little there: the cache saves its prefill once, in ttft(e).
+- A prompt nobody holds much of (a new conversation, a new document) costs its whole prefill
+  everywhere, so the engines differ only by load and by how full of live contexts they are:
+  new contexts spread over the fleet by plain load balancing.
+- A prefix every session shares (a system prompt) saves the same few hundred milliseconds on
+  the engines that hold it; a busy engine or a cache full of live sessions outweighs that, so
+  the prefix gets copied to the others once instead of keeping new sessions off them for good.
+- A follow-up whose history is cached stays with it while the queue there costs less than
+  prefilling the history elsewhere, which also writes a second copy into someone's cache.
+- Siblings of a fan-out follow the first while waiting for its prefill costs less than doing
+  that prefill again elsewhere: an idle engine's TTFT may tie, its engine time does not.
+
+The live share comes from `LiveSet` (blocks routed to e within its window, over e's capacity in
+blocks as its KV events showed it); before an engine has ever had to evict, writing to it
+evicts nothing. Ties (an idle fleet, nothing cached) go to the engine holding more of the
+prompt, then to the caller's preference (a workflow's homes), then to the engine with the fewest
+live blocks and the fewest requests in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hiveroute.engines.engine import Engine
+from hiveroute.kvindex.blocks import BlockKey
+from hiveroute.kvindex.index import KvIndex
+from hiveroute.routing.live_set import LiveSet
+from hiveroute.routing.ttft_ledger import TtftLedger
+
+
+@dataclass(frozen=True)
+class EngineCost:
+    """One engine's cost for one request, in its parts (seconds)."""
+
+    engine: Engine
+    cached_tokens: int  # of the prompt, held on the GPU or a lower tier (or speculatively)
+    written_tokens: int  # blocks it would write into the GPU cache there
+    ttft_s: float
+    delay_s: float
+    evict_s: float
+    live_blocks: int
+
+    @property
+    def total_s(self) -> float:
+        return self.ttft_s + self.delay_s + self.evict_s
+
+    def rank(self, preference: int = 0) -> tuple[float, int, int, int, float, str]:
+        """Least cost first; among equals the engine holding more of the prompt, then the
+        caller's `preference` (lower first), then the emptier engine (fewer live blocks, fewer
+        requests in flight), so an idle fleet fills evenly."""
+        load = self.engine.load.queue_depth
+        return (
+            self.total_s,
+            -self.cached_tokens,
+            preference,
+            self.live_blocks,
+            load,
+            self.engine.name,
+        )
+
+
+@dataclass(frozen=True)
+class CachedPrompt:
+    """What one engine holds of a prompt: tokens on the GPU (or speculatively there) and
+    tokens only on a lower tier (loaded back at a fraction of a recompute)."""
+
+    gpu_tokens: int = 0
+    lower_tokens: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.gpu_tokens + self.lower_tokens
+
+
+class RoutingCost:
+    """Prices a request on each candidate engine; the router's one predictor of what a
+    placement costs, shared by the `kv_ttft` scorer and workflow placement."""
+
+    def __init__(self, ledger: TtftLedger, live: LiveSet, index: KvIndex) -> None:
+        self.ledger = ledger
+        self.live = live
+        self.index = index
+
+    def live_share(self, engine: Engine) -> float:
+        """The share of `engine`'s cache that holds contexts still in use (0 before it ever
+        had to evict: it still has free room)."""
+        capacity = self.index.capacity_blocks(engine.name)
+        if not capacity:
+            return 0.0
+        return min(1.0, self.live.blocks(engine.name) / capacity)
+
+    def price(self, engine: Engine, n_tokens: int, cached: CachedPrompt) -> EngineCost:
+        held = min(cached.tokens, n_tokens)
+        lower = min(cached.lower_tokens, held)
+        uncached = n_tokens - held
+        written = n_tokens - (held - lower)  # lower-tier blocks come back into the GPU too
+        ttft = self.ledger.predict(engine, uncached, lower)
+        prefill_s = self.ledger.prefill_seconds(engine, uncached, lower)
+        delay = prefill_s * (self.ledger.decoding(engine) + 1.0)
+        evict = self.ledger.predictor.prefill_cost(engine.name) * written * self.live_share(engine)
+        return EngineCost(
+            engine,
+            held,
+            written,
+            ttft,
+            delay,
+            evict,
+            self.live.blocks(engine.name),
+        )
+
+    @staticmethod
+    def cheapest(costs: Sequence[EngineCost], prefer: Sequence[str] = ()) -> EngineCost:
+        """The least costly engine; among equals, those named in `prefer`, in its order."""
+        order = {name: i for i, name in enumerate(prefer)}
+        return min(costs, key=lambda c: c.rank(order.get(c.engine.name, len(order))))
+
+    def routed(self, engine: Engine, keys: Sequence[BlockKey]) -> None:
+        """The request's blocks are live on `engine` now."""
+        self.live.touch(engine.name, keys)
+
+
+def scores_from_costs(costs: Sequence[EngineCost], chosen: EngineCost) -> dict[str, float]:
+    """Scores in [0, 1] for the policy pipeline: 1 for the chosen engine, the others by how
+    close their cost comes to it (so a weighted mix with other scorers still reads them)."""
+    best = max(chosen.total_s, 1e-9)
+    return {
+        c.engine.name: 1.0 if c is chosen else 0.99 * min(1.0, best / max(c.total_s, 1e-9))
+        for c in costs
+    }
