@@ -304,6 +304,9 @@ class _UnitContext:
     async def send(self, request: BenchRequest) -> Reply:
         return await self.run.send(request, self.unit)
 
+    def now(self) -> float:
+        return self.run.now()
+
     async def sleep(self, seconds: float) -> None:
         remaining = self.run.deadline - self.run.now()
         if seconds >= remaining:

@@ -68,6 +68,10 @@ class UnitContext(Protocol):
 
     async def sleep(self, seconds: float) -> None: ...
 
+    def now(self) -> float:
+        """Seconds since the run started (for pacing a unit's steps)."""
+        ...
+
 
 @dataclass
 class Unit:
@@ -195,6 +199,14 @@ def positive_float(text: str) -> float:
     value = non_negative_float(text)
     if value == 0:
         raise argparse.ArgumentTypeError("expected a number > 0")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A share in [0, 1)."""
+    value = non_negative_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a share from 0 to below 1, got {text}")
     return value
 
 
