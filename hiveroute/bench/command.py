@@ -56,7 +56,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, slices: int) -> None:
         action="append",
         metavar="KIND[:POLICY]",
         help="hiveroute:POLICY (best = the most capable), hiveroute-inproc:POLICY, "
-        "sglang[:POLICY], vllm-router[:POLICY], engine; repeat for several",
+        "sglang[:POLICY], smg[:POLICY], vllm-router[:POLICY], engine (peers in their default "
+        "policy unless given); repeat for several",
     )
     parser.add_argument(
         "--workload",
