@@ -21,6 +21,7 @@ class RecordingContext:
         self.sent: list[BenchRequest] = []
         self.sent_at: list[float] = []
         self.slept: list[float] = []
+        self.controls: list[tuple[str, str, dict[str, Any] | None]] = []
 
     async def send(self, request: BenchRequest) -> Reply:
         self.sent.append(request)
@@ -36,6 +37,9 @@ class RecordingContext:
 
     def now(self) -> float:
         return self.clock
+
+    async def control(self, method: str, path: str, body: dict[str, Any] | None = None) -> None:
+        self.controls.append((method, path, body))
 
 
 async def run_units(units: list[Unit], latency_s: float = 0.0) -> list[RecordingContext]:

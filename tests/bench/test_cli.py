@@ -55,6 +55,14 @@ def test_argument_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[s
             "--active-users and --request-rate go together",
         ),
         (
+            ["bench", "run", "--target", "smg", "--context-refs"],
+            "--context-refs needs hiveroute targets (no context API): smg:cache_aware",
+        ),
+        (
+            ["bench", "run", "--context-refs", "--router-replicas", "2"],
+            "--context-refs registers contexts with one router replica only",
+        ),
+        (
             ["bench", "run", "--router-replicas", "17"],
             "--router-replicas must be between 1 and 16, got 17",
         ),

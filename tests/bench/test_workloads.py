@@ -206,3 +206,22 @@ async def test_multiturn_paced_by_request_rate_keeps_slots_and_intervals() -> No
     assert fast.sent_at == [0.0, 2.0, 4.0]  # start to start, whatever the latency
     slow = (await run_units(units[:1], latency_s=3.0))[0]
     assert slow.sent_at == [0.0, 3.0, 6.0]  # a late answer: the next question right away
+
+
+async def test_context_refs_register_the_context_once_and_reference_it() -> None:
+    workload = small_agentic(layout="role_first", context_refs=True, namespace="runx")
+    unit = next(workload.units())
+    ctx = (await run_units([unit]))[0]
+    workflow, context, end = ctx.controls
+    assert workflow == ("POST", "/v1/workflows", {"id": unit.unit_id, "shared_prefix_layout": True})
+    method, path, body = context
+    assert (method, path) == ("POST", "/v1/contexts")
+    assert body is not None and body["workflow_id"] == unit.unit_id
+    assert body["text"].startswith("runx\n") and len(tokens(body["text"])) >= 400 + 40
+    assert end == ("DELETE", f"/v1/workflows/{unit.unit_id}", None)
+    for request in ctx.sent:
+        assert request.context_refs == [body["id"]]
+        system = request.messages[0]["content"]  # type: ignore[index]
+        assert body["text"] not in system and len(tokens(system)) < 60  # the role prompt only
+    inline = (await run_units([next(small_agentic(layout="role_first").units())]))[0]
+    assert inline.controls == [] and all(r.context_refs == [] for r in inline.sent)

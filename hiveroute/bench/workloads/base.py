@@ -35,6 +35,7 @@ class BenchRequest:
     stage: str | None = None
     parents: list[str] = field(default_factory=list)  # request ids this one hands off from
     planned_gap_s: float = 0.0  # deliberate wait (tool call, think time) before it was sent
+    context_refs: list[str] = field(default_factory=list)  # hiveroute's shared contexts
 
     def headers(self) -> dict[str, str]:
         """The DESIGN.md metadata headers; peers' routers pass or ignore headers harmlessly."""
@@ -70,6 +71,11 @@ class UnitContext(Protocol):
 
     def now(self) -> float:
         """Seconds since the run started (for pacing a unit's steps)."""
+        ...
+
+    async def control(self, method: str, path: str, body: dict[str, Any] | None = None) -> None:
+        """A call to the target's control API (hiveroute's /v1/workflows, /v1/contexts), not
+        measured as a request; raises `UnitFailed` if it fails."""
         ...
 
 
