@@ -7,7 +7,8 @@ that still see every level of every dimension, and every pair of levels, at leas
 - multi-turn (9 cells): an L9 orthogonal array over shared share {0, 10 %, 50 %} x working set
   {0.5, 0.9, 1.3} of the fleet's KV cache x sessions per engine {2, 8, 32}: cell (i, j) takes
   share i, working set j and sessions level (i + j) mod 3, so each pair of levels of two
-  dimensions occurs exactly once; plus the issue's own case (`mt-issue22`);
+  dimensions occurs exactly once (sessions paced as vLLM production-stack's multi-round QA);
+  plus the issue's own case as it was run (`mt-issue22`: Poisson arrivals, exp think time);
 - agentic (8 cells): the 2^(4-1) half fraction over fan-out {2, 8} x shared context {4k, 32k} x
   tool gap {0.2 s, 5 s} x layout, the layout given by the other three (role first when an odd
   number of them is at its high level): every main effect free of two-factor interactions;
@@ -26,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from hiveroute.bench.workloads.multiturn import MultiturnConfig
 
 ENGINES = 4
 PRESET = "llama-8b-h100"
@@ -135,24 +138,36 @@ def multiturn_cells() -> list[Cell]:
             spe = SESSIONS_PER_ENGINE[(i + j) % 3]
             name = f"mt-s{share * 100:02.0f}-w{working_set * 100:03.0f}-u{spe}"
             cells.append(multiturn_cell(name, share, working_set, spe))
-    # the issue's case: 20 users at once, ~10k-token conversations starting with the same
-    # 1k-token system prompt, 10 turns, 3 requests/s, 4,000 blocks per engine
-    users, conversation, share = 20, 10_000, 0.1
-    distinct = share * conversation + users * (1 - share) * conversation
-    cells.append(
-        multiturn_cell(
-            "mt-issue22",
-            share,
-            round(distinct / FLEET_TOKENS, 2),
-            users // ENGINES,
-            conversation_tokens=conversation,
-            active_users=users,
-            turns=10,
-            question=64,
-            answer=96,
-        )
-    )
+    cells.append(issue_cell())
     return cells
+
+
+def issue_cell() -> Cell:
+    """The case issue 22 was filed on, as it was run: 4,000 blocks per engine, 34 users arriving
+    at 0.35/s (about 20 at once), 10 turns with exp:5 s of thought between them (about 3
+    requests/s), a 1k-token system prompt shared by all and 8.5k tokens of each user's own
+    history (conversations of about 10k tokens). `workflow` and `kv` sent 3 of 341 requests to
+    one engine there."""
+    users, system, history, turns = 34, 1000, 8500, 10
+    question, answer = MultiturnConfig.question_tokens, MultiturnConfig.answer_tokens
+    conversation = system + history + MultiturnConfig.ACK_TOKENS + turns * (question + answer)
+    active = 20  # 0.35 sessions/s x 10 turns x (5 s + ~0.7 s each)
+    distinct = system + active * (conversation - system)
+    params = {
+        "system_share": round(system / conversation, 3),
+        "working_set": round(distinct / FLEET_TOKENS, 2),
+        "sessions_per_engine": active // ENGINES,
+        "users": users,
+        "session_rate": 0.35,
+        "think_time_s": 5.0,
+        "turns": turns,
+        "system_tokens": system,
+        "history_tokens": history,
+        "question_tokens": question,
+        "answer_tokens": answer,
+        "duration_s": 180.0,
+    }
+    return Cell("mt-issue22", "multiturn", params, ISSUE_BLOCKS, fits=distinct < FLEET_TOKENS)
 
 
 def agentic_cells() -> list[Cell]:
@@ -209,8 +224,17 @@ def workload_args(cell: Cell, time_scale: float, seed: int) -> list[str]:
     p = cell.params
     scale = time_scale if cell.scaled else 1.0
     argv = ["--workload", cell.workload, "--seed", str(seed)]
-    argv += ["--duration", _g(CELL_SECONDS * scale), "--grace", _g(GRACE_SECONDS * scale)]
-    if cell.workload == "multiturn":
+    duration = p.get("duration_s", CELL_SECONDS)
+    argv += ["--duration", _g(duration * scale), "--grace", _g(GRACE_SECONDS * scale)]
+    if cell.workload == "multiturn" and "session_rate" in p:
+        argv += ["--users", str(p["users"]), "--turns", str(p["turns"])]
+        argv += ["--system-tokens", str(p["system_tokens"])]
+        argv += ["--history-tokens", str(p["history_tokens"])]
+        argv += ["--question-tokens", str(p["question_tokens"])]
+        argv += ["--answer-tokens", str(p["answer_tokens"])]
+        argv += ["--session-rate", _g(p["session_rate"] / scale)]
+        argv += ["--think-time", f"exp:{_g(p['think_time_s'] * scale)}"]
+    elif cell.workload == "multiturn":
         argv += ["--users", str(p["users"]), "--turns", str(p["turns"])]
         argv += ["--conversation-tokens", str(p["conversation_tokens"])]
         argv += ["--system-share", _g(p["system_share"])]
