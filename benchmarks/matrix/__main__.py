@@ -22,6 +22,7 @@ from benchmarks.matrix.report import build
 from benchmarks.matrix.runner import ROUTERS, plan, run_one
 from benchmarks.matrix.store import CellStore, pending
 from benchmarks.report import REPORTS, write_report
+from hiveroute.config import LOG_LEVELS
 
 CELL_DIR = REPORTS / "matrix"
 
@@ -65,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--no-ideal", action="store_true", help="no one-cache ideal runs where the working set fits"
+    )
+    parser.add_argument(
+        "--router-log-level",
+        choices=LOG_LEVELS,
+        default="warning",
+        help="hiveroute routers' log level; info keeps each decision in the runs' logs",
     )
     parser.add_argument("--results", type=Path, default=CELL_DIR, help="per-cell JSON directory")
     parser.add_argument(
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             cell = by_name[name]
             started = time.monotonic()
             print(f"[{i}/{len(todo)}] {name} {router} seed {seed}", file=sys.stderr, flush=True)
-            result = run_one(cell, router, seed, args.time_scale, args.out)
+            result = run_one(cell, router, seed, args.time_scale, args.out, args.router_log_level)
             result["elapsed_s"] = round(time.monotonic() - started, 1)
             info = {
                 "workload": cell.workload,
@@ -138,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
 def summarize(store: CellStore, results: Path) -> Path:
     order = {c.name: i for i, c in enumerate(all_cells())}
     cells = sorted(store.all(), key=lambda c: order.get(c["cell"], len(order)))
+    commits = sorted({str(r.get("commit")) for c in cells for r in c["runs"].values()})
     header = (
-        f"{len(cells)} cells with results, {sum(len(c['runs']) for c in cells)} runs; "
+        f"{len(cells)} cells with results, {sum(len(c['runs']) for c in cells)} runs "
+        f"(commits measured: {', '.join(commits) or 'none'}); "
         f"{ENGINES} simulated engines per run, each run on a fresh fleet. The grid and why: "
         "`benchmarks/matrix/grid.py`; per-cell figures: `benchmarks/results/matrix/*.json`."
     )

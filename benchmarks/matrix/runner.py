@@ -45,10 +45,19 @@ def plan(cell: Cell, routers: list[str], *, refs: bool = True, ideal: bool = Tru
     return out
 
 
-def harness_argv(cell: Cell, router: str, seed: int, time_scale: float, out: Path) -> list[str]:
-    """`hiveroute bench run` arguments for one run."""
+def harness_argv(
+    cell: Cell,
+    router: str,
+    seed: int,
+    time_scale: float,
+    out: Path,
+    log_level: str = "warning",
+) -> list[str]:
+    """`hiveroute bench run` arguments for one run (`log_level`: hiveroute routers'; `info`
+    keeps every decision in the run's logs/target-*.log)."""
     name = f"{cell.name}-{router.replace(':', '-').replace('+', '-')}-s{seed}"
     argv = ["run", "--quiet", "--out", str(out), "--name", name]
+    argv += ["--router-log-level", log_level]
     if router == IDEAL:
         argv += ["--target", "engine", *fleet_args(cell, time_scale, ideal=True)]
     else:
@@ -91,12 +100,14 @@ def figures_of(summary: dict[str, Any], requests: list[dict[str, Any]]) -> dict[
     }
 
 
-def run_one(cell: Cell, router: str, seed: int, time_scale: float, out: Path) -> dict[str, Any]:
+def run_one(
+    cell: Cell, router: str, seed: int, time_scale: float, out: Path, log_level: str = "warning"
+) -> dict[str, Any]:
     """Run it; a failure (a router that does not start, say) is a result with its error."""
     from hiveroute.bench.command import configure, execute, options_from_args
     from hiveroute.errors import ConfigError
 
-    argv = harness_argv(cell, router, seed, time_scale, out)
+    argv = harness_argv(cell, router, seed, time_scale, out, log_level)
     parser = argparse.ArgumentParser(prog="hiveroute bench")
     configure(parser)
     try:
@@ -109,4 +120,42 @@ def run_one(cell: Cell, router: str, seed: int, time_scale: float, out: Path) ->
     ]
     figures = figures_of(summary, requests)
     status = "ok" if figures["ok"] else "failed"
-    return {"status": status, "run_dir": str(result.run_dir), "command": argv, **figures}
+    return {
+        "status": status,
+        "run_dir": str(result.run_dir),
+        "command": argv,
+        "commit": git_commit(),
+        **figures,
+    }
+
+
+def git_commit() -> str | None:
+    """The commit the run measured (with "+dirty" if the work tree had changes)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(root),
+                "status",
+                "--porcelain",
+                "--",
+                "hiveroute",
+                "benchmarks/matrix",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")

@@ -87,6 +87,8 @@ def test_the_time_scale_scales_rates_gaps_durations_and_the_simulator_together()
     assert fast[fast.index("--tool-gap") + 1] == "exp:2.5"
     assert fast[fast.index("--duration") + 1] == "60"
     assert "time_scale=0.5" in fast
+    logged = harness_argv(cell, "hiveroute:kv", 0, 0.5, Path("o"), "info")
+    assert logged[logged.index("--router-log-level") + 1] == "info"
     ideal = harness_argv(cell, "ideal", 0, 0.5, Path("o"))
     assert ideal[ideal.index("--num-engines") + 1] == "1"
     assert f"num_blocks={4 * cell.blocks}" in ideal and "time_scale=0.125" in ideal
