@@ -13,6 +13,7 @@ the cell files after every cell. The grid is defined in `grid.py`.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         by_name = {c.name: c for c in cells}
         todo = pending(store, list(by_name), runs, args.seeds)
         print(f"{len(todo)} runs to do", file=sys.stderr)
+        command = shlex.join(["python", "-m", "benchmarks.matrix", *(argv or sys.argv[1:])])
         last_cell = None
         for i, (name, router, seed) in enumerate(todo, 1):
             if last_cell not in (None, name):
@@ -129,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 "fits": cell.fits,
                 "time_scale": args.time_scale if cell.scaled else 1.0,
             }
+            result["matrix_command"] = command
             store.record(name, info, router, seed, result)
             print(
                 f"    {result['status']} in {result['elapsed_s']} s: hit {result.get('hit_rate')}, "
@@ -145,13 +148,18 @@ def main(argv: list[str] | None = None) -> int:
 def summarize(store: CellStore, results: Path) -> Path:
     order = {c.name: i for i, c in enumerate(all_cells())}
     cells = sorted(store.all(), key=lambda c: order.get(c["cell"], len(order)))
-    commits = sorted({str(r.get("commit")) for c in cells for r in c["runs"].values()})
+    commits = sorted({r["commit"] for c in cells for r in c["runs"].values() if r.get("commit")})
     header = (
         f"{len(cells)} cells with results, {sum(len(c['runs']) for c in cells)} runs "
-        f"(commits measured: {', '.join(commits) or 'none'}); "
+        f"(commits measured: {', '.join(commits) or 'not recorded'}); "
         f"{ENGINES} simulated engines per run, each run on a fresh fleet. The grid and why: "
         "`benchmarks/matrix/grid.py`; per-cell figures: `benchmarks/results/matrix/*.json`."
     )
+    made_by = sorted(
+        {r["matrix_command"] for c in cells for r in c["runs"].values() if r.get("matrix_command")}
+    )
+    if made_by:
+        header += "\n\nRuns made by: " + "; ".join(f"`{m}`" for m in made_by)
     results.mkdir(parents=True, exist_ok=True)
     return write_report(
         "matrix", "Routing workload matrix (issue 22)", build(cells, ENGINES, results, header)

@@ -88,7 +88,9 @@ def targets_table(checks: Sequence[Check]) -> str:
     for c in checks:
         met = "–" if c.met is None else ("yes" if c.met else "**no**")
         detail = "; ".join(c.misses) or "none"
-        if c.detail:
+        if not c.judged:
+            detail = "no cell to judge (runs missing)"
+        elif c.detail:
             detail = f"{c.detail}" if c.met else f"{c.detail}; {detail}"
         lines.append(f"| {c.target} | {met} | {c.judged} | {detail} |")
     return "\n".join(lines)
