@@ -238,7 +238,7 @@ def test_targets_name_the_cells_that_miss_them() -> None:
     assert fair[0] is False and fair[2] == ["miss ([37, 1, 1, 1])"]
     ideal_check = results["hit rate >= 95 % of the one-cache ideal where the working set fits"]
     assert ideal_check[0] is False and ideal_check[2][0].startswith("miss (73%")
-    assert len(results) == 7  # every target has a row
+    assert len(results) == 9  # every target has a row
 
 
 def test_starved_is_below_half_the_fair_share_counting_engines_that_got_nothing() -> None:
@@ -322,3 +322,33 @@ def test_the_report_is_built_from_cell_files_alone(tmp_path: Path) -> None:
     assert "| hiveroute:workflow | 1/0/0 |" in text
     assert "| mt-a | hiveroute:workflow | 3/3 | 71.0% ±1.0%" in text
     assert (tmp_path / "matrix_hit_rate.png").exists() and "matrix/matrix_hit_rate.png" in text
+
+
+def test_with_refs_judges_the_default_by_its_referenced_runs_where_it_has_them() -> None:
+    d = verdict.DEFAULT
+    cells = [
+        cell(
+            "role",
+            [
+                (d, 0, {"downstream_ttft_mean": 0.3}),
+                (d + "+refs", 0, {"downstream_ttft_mean": 0.1}),
+                ("smg", 0, {"downstream_ttft_mean": 0.2}),
+            ],
+            workload="agentic",
+        ),
+        cell(
+            "context",
+            [(d, 0, {"downstream_ttft_mean": 0.1}), ("smg", 0, {"downstream_ttft_mean": 0.2})],
+            workload="agentic",
+        ),
+    ]
+    swapped = verdict.with_refs(cells)
+    assert verdict.figures(swapped[0], "downstream_ttft_mean")[d].median == 0.1
+    assert set(verdict.figures(swapped[0], "downstream_ttft_mean")) == {d, "smg"}
+    assert swapped[1] == cells[1]
+    checks = {c.target: c for c in verdict.targets(cells, 4)}
+    plain = checks["agentic: median (best peer / default) downstream-agent TTFT >= 1.3"]
+    refs = checks[
+        "agentic: median (best peer / default) downstream-agent TTFT >= 1.3 (+refs in role-first cells)"
+    ]
+    assert "median ratio 1.33" in plain.detail and "median ratio 2.00" in refs.detail
