@@ -91,7 +91,7 @@ def targets_table(checks: Sequence[Check]) -> str:
         if not c.judged:
             detail = "no cell to judge (runs missing)"
         elif c.detail:
-            detail = f"{c.detail}" if c.met else f"{c.detail}; {detail}"
+            detail = f"{c.detail}; misses: {detail}"
         lines.append(f"| {c.target} | {met} | {c.judged} | {detail} |")
     return "\n".join(lines)
 
