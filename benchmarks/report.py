@@ -27,10 +27,11 @@ def machine() -> str:
     )
 
 
-def write_report(name: str, title: str, body: str) -> Path:
-    """Write benchmarks/results/NAME.md with the date, machine and exact command."""
-    REPORTS.mkdir(parents=True, exist_ok=True)
-    path = REPORTS / f"{name}.md"
+def write_report(name: str, title: str, body: str, directory: Path = REPORTS) -> Path:
+    """Write benchmarks/results/NAME.md (or DIRECTORY/NAME.md) with the date, machine and exact
+    command."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.md"
     script = Path(sys.argv[0])
     if script.parent.name == "benchmarks":
         head = f"-m benchmarks.{script.stem}"

@@ -74,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         default="warning",
         help="hiveroute routers' log level; info keeps each decision in the runs' logs",
     )
-    parser.add_argument("--results", type=Path, default=CELL_DIR, help="per-cell JSON directory")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=CELL_DIR,
+        help="per-cell JSON directory; the report is written beside it as DIR.md",
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -161,9 +166,9 @@ def summarize(store: CellStore, results: Path) -> Path:
     if made_by:
         header += "\n\nRuns made by: " + "; ".join(f"`{m}`" for m in made_by)
     results.mkdir(parents=True, exist_ok=True)
-    return write_report(
-        "matrix", "Routing workload matrix (issue 22)", build(cells, ENGINES, results, header)
-    )
+    # the report sits beside its cell directory: results/matrix.md for results/matrix/
+    body = build(cells, ENGINES, results, header)
+    return write_report(results.name, "Routing workload matrix (issue 22)", body, results.parent)
 
 
 if __name__ == "__main__":

@@ -110,13 +110,15 @@ def plots(cells: Sequence[Mapping[str, Any]], out: Path) -> list[str]:
     ):
         fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(names) * max(1, len(routers)) / 3), 4.5))
         width = 0.8 / max(1, len(routers))
+        highest = 0.0
         for i, router in enumerate(routers):
             ys = [(_median_of(c, router, metric) or 0.0) * scale for c in cells]
+            highest = max(highest, *ys)
             ax.bar([x + i * width for x in range(len(names))], ys, width, label=router)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))])
         ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
         ax.set_ylabel(label)
-        if metric == "ttft_mean":
+        if metric == "ttft_mean" and highest > 0:
             ax.set_yscale("log")
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
@@ -164,6 +166,6 @@ def build(cells: Sequence[Mapping[str, Any]], engines: int, out: Path, header: s
         "validators (agents that start from another's hand-off).",
         cell_table(cells),
         "## Plots",
-        " ".join(f"![{name}](matrix/{name})" for name in images),
+        " ".join(f"![{name}]({out.name}/{name})" for name in images),
     ]
     return "\n\n".join(parts)

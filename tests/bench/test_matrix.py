@@ -322,7 +322,8 @@ def test_the_report_is_built_from_cell_files_alone(tmp_path: Path) -> None:
     text = build(cells, 4, tmp_path, "header")
     assert "| hiveroute:workflow | 1/0/0 |" in text
     assert "| mt-a | hiveroute:workflow | 3/3 | 71.0% ±1.0%" in text
-    assert (tmp_path / "matrix_hit_rate.png").exists() and "matrix/matrix_hit_rate.png" in text
+    assert (tmp_path / "matrix_hit_rate.png").exists()
+    assert f"({tmp_path.name}/matrix_hit_rate.png)" in text
 
 
 def test_with_refs_judges_the_default_by_its_referenced_runs_where_it_has_them() -> None:
@@ -353,3 +354,18 @@ def test_with_refs_judges_the_default_by_its_referenced_runs_where_it_has_them()
         "agentic: median (best peer / default) downstream-agent TTFT >= 1.3 (+refs in role-first cells)"
     ]
     assert "median ratio 1.33" in plain.detail and "median ratio 2.00" in refs.detail
+
+
+def test_summarize_only_rebuilds_the_report_beside_the_cell_files(tmp_path: Path) -> None:
+    from benchmarks.matrix.__main__ import main
+
+    store = CellStore(tmp_path / "m")
+    store.record("tr-0", {"workload": "trace"}, "smg", 0, {"status": "ok", "hit_rate": 0.2})
+    assert main(["--summarize-only", "--results", str(tmp_path / "m")]) == 0
+    text = (tmp_path / "m.md").read_text()
+    assert "| tr-0 | smg | 1/1 | 20.0%" in text and "(m/matrix_hit_rate.png)" in text
+    # --list runs nothing and counts what is left: tr-0 has 7 routers, one done
+    assert (
+        main(["--list", "--cells", "tr-0", "--seeds", "0", "--results", str(tmp_path / "m")]) == 0
+    )
+    assert store.load("tr-0")["runs"].keys() == {"smg/s0"}
