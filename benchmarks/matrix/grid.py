@@ -55,8 +55,13 @@ MT_ANSWER = 48
 CELL_SECONDS = 120.0  # modelled seconds in which a cell starts new work
 GRACE_SECONDS = 20.0  # modelled seconds to finish after
 
-# agentic workflows: fewer of them per second when their context is large
-AG_RATE = {4096: 0.5, 32768: 0.2}
+# agentic workflows: fewer of them per second, and more KV blocks per engine, when their context
+# is large (a role-first prompt shares nothing across agents inline: at 0.2 workflows/s of 32k
+# contexts with fan-out 8 that is twice the fleet's prefill capacity, and every router's TTFT was
+# queueing, 15 s; at 0.08/s it is within it). 4,000 blocks hold about 16 contexts of 4k per
+# engine, 16,000 about 8 of 32k.
+AG_RATE = {4096: 0.5, 32768: 0.08}
+AG_BLOCKS = {4096: ISSUE_BLOCKS, 32768: 16000}
 AG_ROUNDS = 2
 AG_TASK_TOKENS = 256
 
@@ -186,7 +191,7 @@ def agentic_cells() -> list[Cell]:
                     "workflows": math.ceil(AG_RATE[context] * CELL_SECONDS) + 1,
                     "rounds": AG_ROUNDS,
                 }
-                cells.append(Cell(name, "agentic", params, ISSUE_BLOCKS))
+                cells.append(Cell(name, "agentic", params, AG_BLOCKS[context]))
     return cells
 
 
