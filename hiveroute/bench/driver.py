@@ -172,6 +172,18 @@ class CellRun:
         finally:
             record.end_s = self.now()
 
+    async def control(self, method: str, path: str, body: dict[str, Any] | None) -> None:
+        """A control-API call through the first URL (replicas would each need the state)."""
+        timeout = aiohttp.ClientTimeout(total=self.options.request_timeout_s)
+        url = self.base_urls[0] + path
+        try:
+            async with self.http.request(method, url, json=body, timeout=timeout) as response:
+                if response.status >= 400:
+                    text = await _error_text(response)
+                    raise UnitFailed(f"{method} {path}: HTTP {response.status}: {text}")
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise UnitFailed(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+
     # --- one request ---------------------------------------------------------------------
 
     async def send(self, request: BenchRequest, unit: UnitRecord) -> Reply:
@@ -230,6 +242,8 @@ class CellRun:
         }
         if self.options.ignore_eos:
             body["ignore_eos"] = True
+        if request.context_refs:
+            body["hiveroute"] = {"context_refs": list(request.context_refs)}
         if request.messages is not None:
             body["messages"] = request.messages
         else:
@@ -384,6 +398,12 @@ class _UnitContext:
 
     async def send(self, request: BenchRequest) -> Reply:
         return await self.run.send(request, self.unit)
+
+    def now(self) -> float:
+        return self.run.now()
+
+    async def control(self, method: str, path: str, body: dict[str, Any] | None = None) -> None:
+        await self.run.control(method, path, body)
 
     async def sleep(self, seconds: float) -> None:
         remaining = self.run.deadline - self.run.now()

@@ -77,6 +77,7 @@ class LoadSample:
     kv_usage: float
     prefix_queries: float | None
     prefix_hits: float | None
+    requests_done: float | None = None  # vllm:request_success_total, all finish reasons
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -45,6 +45,7 @@ class BenchRequest:
     stage: str | None = None
     parents: list[str] = field(default_factory=list)  # request ids this one hands off from
     planned_gap_s: float = 0.0  # deliberate wait (tool call, think time) before it was sent
+    context_refs: list[str] = field(default_factory=list)  # hiveroute's shared contexts
 
     def headers(self) -> dict[str, str]:
         """The DESIGN.md metadata headers (or the agent's own identity headers); peers' routers
@@ -81,6 +82,15 @@ class UnitContext(Protocol):
     async def send(self, request: BenchRequest) -> Reply: ...
 
     async def sleep(self, seconds: float) -> None: ...
+
+    def now(self) -> float:
+        """Seconds since the run started (for pacing a unit's steps)."""
+        ...
+
+    async def control(self, method: str, path: str, body: dict[str, Any] | None = None) -> None:
+        """A call to the target's control API (hiveroute's /v1/workflows, /v1/contexts), not
+        measured as a request; raises `UnitFailed` if it fails."""
+        ...
 
 
 @dataclass
@@ -209,6 +219,14 @@ def positive_float(text: str) -> float:
     value = non_negative_float(text)
     if value == 0:
         raise argparse.ArgumentTypeError("expected a number > 0")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A share in [0, 1)."""
+    value = non_negative_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a share from 0 to below 1, got {text}")
     return value
 
 
