@@ -65,18 +65,10 @@ def vllm_server(tiny_model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -
 
     Tests that restart or evict must start their own with hiveroute.engines.vllm_local.
     """
-    import asyncio
+    from tests.support.vllm import running_vllm
 
-    from hiveroute.engines.vllm_local import VllmServer
-
-    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    server = VllmServer(model_dir=tiny_model_dir, log_path=log_path)
-    server.start()
-    try:
-        asyncio.run(server.wait_ready())
+    with running_vllm(tiny_model_dir, tmp_path_factory.mktemp("vllm") / "vllm.log") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

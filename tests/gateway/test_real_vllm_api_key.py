@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import RouterFactory
+from tests.support.vllm import running_vllm
 
 pytestmark = pytest.mark.realvllm
 
@@ -22,18 +23,9 @@ SHARED = "The shared task and knowledge base of every agent of this workflow. " 
 
 @pytest.fixture(scope="module")
 def keyed_vllm(tiny_model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    import asyncio
-
-    from hiveroute.engines.vllm_local import VllmServer
-
     log_path = tmp_path_factory.mktemp("vllm-key") / "vllm.log"
-    server = VllmServer(model_dir=tiny_model_dir, log_path=log_path, extra_args=["--api-key", KEY])
-    server.start()
-    try:
-        asyncio.run(server.wait_ready())
+    with running_vllm(tiny_model_dir, log_path, ["--api-key", KEY]) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def keep_warm_lines(text: str) -> list[str]:

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import RouterFactory
+from tests.support.access import access_lines, metric_sum
 from tests.support.fake_engine import FakeEngine
 
 TENANT_KEY = "key-tenant-a-000"
@@ -51,20 +52,7 @@ CASES: list[tuple[str, str, str, Any, int]] = [
 
 
 def requests_total(text: str) -> float:
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("hiveroute_requests_total{")
-    )
-
-
-def access_lines(caplog: pytest.LogCaptureFixture, request_id: str) -> list[dict[str, Any]]:
-    found = []
-    for record in caplog.records:
-        fields = getattr(record, "fields", None)
-        if record.name == "hiveroute.access" and fields and fields["request_id"] == request_id:
-            found.append(fields)
-    return found
+    return metric_sum(text, "hiveroute_requests_total")
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import RouterFactory
+from tests.support.access import access_lines, metric_sum
 from tests.support.fake_engine import FakeEngine
 
 BODIES = {
@@ -33,12 +34,6 @@ def events(raw: bytes) -> list[Any]:
         if block.startswith("data: ") and block != "data: [DONE]":
             found.append(json.loads(block[6:]))
     return found
-
-
-def counter(text: str, name: str) -> float:
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")
-    )
 
 
 @pytest.mark.parametrize("path", list(BODIES))
@@ -67,15 +62,11 @@ async def test_streamed_usage_is_counted_and_only_shown_when_asked(
     assert len([e for e in received if e["choices"]]) == 3  # every content chunk got through
     assert engine.received[-1]["stream_options"]["include_usage"] is True
 
-    [line] = [
-        rec.fields
-        for rec in caplog.records
-        if rec.name == "hiveroute.access" and getattr(rec, "fields", {}).get("request_id") == "s-1"
-    ]
+    [line] = access_lines(caplog, "s-1")
     assert (line["prompt_tokens"], line["cached_tokens"]) == (10, 4)
     text = await (await http.get(f"{r.url}/metrics")).text()
-    assert counter(text, "hiveroute_prompt_tokens_total") == 10
-    assert counter(text, "hiveroute_cached_tokens_total") == 4
+    assert metric_sum(text, "hiveroute_prompt_tokens_total") == 10
+    assert metric_sum(text, "hiveroute_cached_tokens_total") == 4
     async with http.get(f"{r.url}/dashboard/api/overview") as resp:
         totals = (await resp.json())["totals"]
     assert (totals["prompt_tokens"], totals["cached_tokens"]) == (10, 4)
