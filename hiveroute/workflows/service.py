@@ -273,13 +273,13 @@ class WorkflowService:
         engine = outcome.engine.name
         cross: int | None = None
         if outcome.ok and outcome.prompt_tokens is not None:
-            tokens = self.accountant.token_ids(request)
-            if tokens is not None:
+            keys = self.accountant.block_keys(request)
+            if keys is not None:
                 cross = self.accountant.account(
                     view.id,
                     record.agent_id,
                     engine,
-                    tokens,
+                    keys,
                     outcome.cached_tokens,
                     record.started_at,
                 )
