@@ -5,7 +5,7 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY hiveroute ./hiveroute
-RUN pip install --no-cache-dir --root-user-action=ignore --prefix=/install .
+RUN pip install --no-cache-dir --root-user-action=ignore --prefix=/install ".[redis,k8s,otel]"
 
 FROM python:3.11-slim
 RUN groupadd --system --gid 10001 hiveroute \

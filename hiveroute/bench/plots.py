@@ -9,6 +9,15 @@ from typing import Any
 from hiveroute.bench.records import LoadSample, RequestRecord
 
 
+def available() -> bool:
+    """Whether matplotlib (the `bench` extra) is installed; without it runs write no PNGs."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _pyplot() -> Any:
     import matplotlib
 

@@ -4,7 +4,9 @@
   names the most capable policy this build has;
 - ``hiveroute-inproc:POLICY`` - the same router inside the harness's process;
 - ``sglang[:POLICY]`` / ``vllm-router[:POLICY]`` - a peer router, installed on first use;
-- ``engine`` - the first engine directly, no router.
+- ``engine`` - the first engine directly, no router;
+- ``http://HOST:PORT`` - a deployment already running (a router, or an engine): no engines are
+  started for it, requests go to that URL, and the model is the first it lists.
 
 Each target runs in front of its own engines (see `compare`), so no target warms another's cache.
 A router target may run as several replicas (`replicas`): that many router processes in front
@@ -18,6 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from hiveroute.bench.engines import Fleet
 from hiveroute.bench.peers import PEERS, ensure_peer, peer_argv
@@ -35,19 +38,30 @@ def best_policy() -> str:
 
 
 TARGET_KINDS = ("hiveroute", "hiveroute-inproc", "sglang", "vllm-router", "engine")
+URL_KIND = "url"  # a running deployment, given as http(s)://HOST:PORT
 
 
 @dataclass(frozen=True)
 class TargetSpec:
     kind: str
     policy: str | None
+    url: str | None = None  # URL_KIND only
 
     @property
     def label(self) -> str:
+        if self.url is not None:
+            return self.url
         return f"{self.kind}:{self.policy}" if self.policy else self.kind
+
+    @property
+    def external(self) -> bool:
+        """Already running: the harness starts no engines and no router for it."""
+        return self.kind == URL_KIND
 
     @classmethod
     def parse(cls, text: str) -> TargetSpec:
+        if text.strip().startswith(("http://", "https://")):
+            return cls.parse_url(text.strip())
         kind, _, policy = text.strip().partition(":")
         if kind not in TARGET_KINDS:
             raise ConfigError(
@@ -78,6 +92,20 @@ class TargetSpec:
         if policy:
             raise ConfigError(f"target {kind!r} takes no policy (got {text!r})")
         return cls(kind, None)
+
+    @classmethod
+    def parse_url(cls, text: str) -> TargetSpec:
+        split = urlsplit(text)
+        try:
+            split.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            split = split._replace(netloc="")
+        if not split.hostname or split.path.strip("/") or split.query or split.fragment:
+            raise ConfigError(
+                f"target {text!r}: give a running deployment as http://HOST:PORT "
+                "(no path: requests go to its /v1/...)"
+            )
+        return cls(URL_KIND, None, url=f"{split.scheme}://{split.netloc}")
 
 
 MAX_REPLICAS = 16
@@ -125,6 +153,11 @@ async def start_target(
     line per request with the engine, policy and reason, which is how a benchmark's decisions
     are read afterwards. The `engine` target has no router, so no replicas either."""
     check_replicas(replicas)
+    if spec.url is not None:  # running already: check it answers
+        await wait_http_ok(
+            spec.url + "/v1/models", None, min(timeout_s, 5.0), f"target {spec.label}"
+        )
+        return RunningTarget(spec, [spec.url])
     if spec.kind == "engine":
         return RunningTarget(spec, [fleet.urls[0]])
     target = RunningTarget(spec, [])

@@ -21,6 +21,9 @@ def build_discovery(config: RouterConfig) -> Component | None:
     if config.discovery == "static":
         return None
     if config.discovery == "kubernetes":
+        from hiveroute.extras import require
+
+        require("kubernetes", "k8s")
         from hiveroute.engines.discovery_k8s import KubernetesDiscovery, PodEndpoints
 
         return KubernetesDiscovery(

@@ -81,8 +81,11 @@ async def _route_and_relay(
     if span is not None:
         span.set_request(request_id, model, metadata)
     if model is not None and not router.pool.any_serves(model):
+        served = sorted(router.pool.known_models())
+        listed = ", ".join(repr(m) for m in served[:20]) + (" ..." if len(served) > 20 else "")
         raise NotFound(
-            f"model {model!r} is not served by any engine; GET /v1/models lists the models",
+            f"model {model!r} is not served by any engine; served: {listed or 'none yet'} "
+            "(GET /v1/models lists them)",
             param="model",
             code="model_not_found",
         )

@@ -11,7 +11,12 @@ from hiveroute.gateway.server import serve
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, RouterConfig)
+    from hiveroute.routing.registry import policy_names
+
+    # the full list of flags is in --help; a mistake shows this line and the error
+    parser.usage = "hiveroute serve [--engine URL[,events=tcp://H:P] ...] [--policy NAME] [--config FILE] [OPTION ...]"
+    notes = {"policy": f"{', '.join(policy_names())}, or one defined under `policies`"}
+    add_config_arguments(parser, RouterConfig, notes)
 
 
 def run(args: argparse.Namespace) -> int:

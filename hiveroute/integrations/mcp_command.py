@@ -8,8 +8,6 @@ import os
 import socket
 import sys
 
-import anyio
-
 from hiveroute.errors import ConfigError
 from hiveroute.integrations.router_api import RouterClient
 
@@ -143,6 +141,10 @@ def run(args: argparse.Namespace) -> int:
     )
     router = _router_client(args)
     try:
+        from hiveroute.extras import require
+
+        require("mcp", "mcp")
+        anyio = require("anyio", "mcp")
         anyio.run(_serve, args, router)
     except OSError as exc:
         print(f"hiveroute mcp: {exc}", file=sys.stderr)

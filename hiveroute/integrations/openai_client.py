@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from hiveroute.extras import require
 from hiveroute.integrations.tags import current_tags, record_request_id
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def tag_client(client: Any) -> Any:
 
 def OpenAI(**kwargs: Any) -> openai.OpenAI:
     """`openai.OpenAI(**kwargs)` whose calls carry the current workflow block's tags."""
-    import openai
+    openai = require("openai", "openai")
 
     if kwargs.get("http_client") is None:
         kwargs["http_client"] = openai.DefaultHttpxClient()
@@ -113,7 +114,7 @@ def OpenAI(**kwargs: Any) -> openai.OpenAI:
 
 def AsyncOpenAI(**kwargs: Any) -> openai.AsyncOpenAI:
     """`openai.AsyncOpenAI(**kwargs)` whose calls carry the current workflow block's tags."""
-    import openai
+    openai = require("openai", "openai")
 
     if kwargs.get("http_client") is None:
         kwargs["http_client"] = openai.DefaultAsyncHttpxClient()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
@@ -21,15 +21,20 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from hiveroute.engines.engine import Engine
 from hiveroute.engines.pool import EnginePool
 from hiveroute.kvindex.index import KvIndex
+from hiveroute.kvindex.staleness import EventStaleness
 from hiveroute.kvindex.subscriber import KvEventSubscriber
 from hiveroute.kvindex.tokenizer import Tokenizer, load_tokenizer
-from hiveroute.routing.base import shared_service
+from hiveroute.routing.base import RequestOutcome, RoutingRequest, shared_service
+
+if TYPE_CHECKING:
+    from hiveroute.gateway.router import Router
 
 log = logging.getLogger("hiveroute.kvindex")
 
 TOKENIZER = "tokenizer"
 KV_INDEX = "kv_index"
 KV_EVENTS = "kv_events"
+CHECK_EVERY_S = 1.0
 
 
 def get_tokenizer(services: dict[str, Any]) -> Tokenizer:
@@ -41,16 +46,31 @@ def get_kv_index(services: dict[str, Any]) -> KvIndex:
     return shared_service(services, KV_INDEX, KvIndex)
 
 
-class KvEventService:
-    """Keeps one KV-event subscriber per engine that publishes events."""
+def get_kv_events(services: dict[str, Any]) -> KvEventService | None:
+    service = services.get(KV_EVENTS)
+    return service if isinstance(service, KvEventService) else None
 
-    def __init__(self, pool: EnginePool, index: KvIndex, *, topic: str = "") -> None:
+
+class KvEventService:
+    """Keeps one KV-event subscriber per engine that publishes events, and notices engines
+    that serve requests but whose events never come (see kvindex/staleness.py)."""
+
+    def __init__(
+        self,
+        pool: EnginePool,
+        index: KvIndex,
+        *,
+        topic: str = "",
+        staleness: EventStaleness | None = None,
+    ) -> None:
         self.pool = pool
         self.index = index
         self.topic = topic
+        self.staleness = staleness or EventStaleness()
         self.subscribers: dict[str, KvEventSubscriber] = {}
         self._context: zmq.asyncio.Context | None = None
         self._stopping: set[asyncio.Task[None]] = set()
+        self._checker: asyncio.Task[None] | None = None
         pool.on_added(self._on_added)
         pool.on_removed(self._on_removed)
 
@@ -84,12 +104,22 @@ class KvEventService:
 
     # --- router component --------------------------------------------------------------------
 
-    async def start(self, router: object = None) -> None:
+    async def start(self, router: Router | None = None) -> None:
         self._context = zmq.asyncio.Context()
         for engine in self.pool.engines:
             self._subscribe(engine)
+        # to hear which engines served requests (after_complete); once, across restarts
+        if router is not None and self not in router.request_hooks:
+            router.request_hooks.append(self)
+        self._checker = asyncio.get_running_loop().create_task(
+            self._check_loop(), name="kv-events-staleness"
+        )
 
     async def stop(self) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
+            await asyncio.gather(self._checker, return_exceptions=True)
+            self._checker = None
         subscribers = list(self.subscribers.values())
         self.subscribers.clear()
         for subscriber in subscribers:
@@ -99,6 +129,25 @@ class KvEventService:
         if self._context is not None:
             self._context.term()
             self._context = None
+
+    # --- staleness ----------------------------------------------------------------------------
+
+    async def before_route(self, request: RoutingRequest) -> None:
+        """Request hook: nothing to do before routing."""
+
+    def after_complete(self, request: RoutingRequest, outcome: RequestOutcome) -> None:
+        """Request hook: an engine that served a request owes KV events."""
+        if outcome.status < 400:
+            self.staleness.served(outcome.engine.name)
+
+    def check_staleness(self) -> list[str]:
+        """Engines newly stale (each logged once); run every second and at each scrape."""
+        return self.staleness.check({n: s.stats.batches for n, s in self.subscribers.items()})
+
+    async def _check_loop(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_EVERY_S)
+            self.check_staleness()
 
     # --- following the pool ------------------------------------------------------------------
 
@@ -114,11 +163,13 @@ class KvEventService:
             context=self._context,
         )
         self.subscribers[engine.name] = subscriber
+        self.staleness.track(engine.name, engine.spec.events)
         subscriber.start()
         log.info("subscribed to KV events of %s at %s", engine.name, engine.spec.events)
 
     def _unsubscribe(self, name: str) -> None:
         subscriber = self.subscribers.pop(name, None)
+        self.staleness.forget(name)
         if subscriber is not None:
             task = asyncio.get_running_loop().create_task(subscriber.stop())
             self._stopping.add(task)
@@ -144,6 +195,8 @@ class KvIndexCollector:
         self.service = service
 
     def collect(self) -> Iterator[Metric]:
+        self.service.check_staleness()
+        staleness = self.service.staleness
         index = self.service.index
         yield GaugeMetricFamily(
             "hiveroute_kv_index_blocks", "Block keys in the KV index", value=len(index)
@@ -184,7 +237,22 @@ class KvIndexCollector:
             "Seconds from an engine stamping its latest KV-event batch to the router applying it",
             labels=["engine"],
         )
+        stale = GaugeMetricFamily(
+            "hiveroute_kv_events_stale",
+            "1 while an engine that served requests has sent no KV events for "
+            f"{staleness.stale_after_s:.0f} s (a wrong events= address?)",
+            labels=["engine"],
+        )
+        age = GaugeMetricFamily(
+            "hiveroute_kv_event_age_seconds",
+            "Seconds since an engine's latest KV-event batch (since subscribing, if none came)",
+            labels=["engine"],
+        )
         for name, sub in self.service.subscribers.items():
+            stale.add_metric([name], 1.0 if staleness.is_stale(name) else 0.0)
+            seconds = staleness.seconds_since_event(name)
+            if seconds is not None:
+                age.add_metric([name], seconds)
             stats = sub.stats
             if stats.lag_s is not None:
                 lag.add_metric([name], stats.lag_s)
@@ -193,4 +261,4 @@ class KvIndexCollector:
             gaps.add_metric([name, "dropped"], stats.gaps_dropped)
             restarts.add_metric([name], stats.publisher_restarts)
             errors.add_metric([name], stats.decode_errors)
-        yield from (events, gaps, restarts, errors, lag)
+        yield from (events, gaps, restarts, errors, lag, stale, age)

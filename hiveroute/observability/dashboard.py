@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from hiveroute.gateway.router import Router
+from hiveroute.kvindex.service import KvEventService, get_kv_events
 
 DASHBOARD_HEADERS = {
     "Cache-Control": "no-store",
@@ -49,6 +50,20 @@ def _ratio(part: float, whole: float) -> float | None:
     return round(part / whole, 6) if whole > 0 else None
 
 
+def _kv_events(service: KvEventService | None, engine: str) -> dict[str, Any] | None:
+    """Whether the engine's KV events arrive (None: the router does not subscribe to it)."""
+    if service is None or engine not in service.subscribers:
+        return None
+    staleness = service.staleness
+    seconds = staleness.seconds_since_event(engine)
+    return {
+        "endpoint": service.subscribers[engine].endpoint,
+        "received": staleness.received_any(engine),
+        "seconds_since_event": None if seconds is None else round(seconds, 3),
+        "stale": staleness.is_stale(engine),
+    }
+
+
 def overview(router: Router) -> dict[str, Any]:
     """Engines with their health, load and cache use, and fleet totals."""
     m = router.metrics
@@ -56,6 +71,9 @@ def overview(router: Router) -> dict[str, Any]:
     prompt = _by_engine(m.prompt_tokens)
     cached = _by_engine(m.cached_tokens)
     cross = _by_engine(m.cross_agent_cached_tokens)
+    kv_events = get_kv_events(router.services)
+    if kv_events is not None:
+        kv_events.check_staleness()
     engines = []
     for e in router.pool.engines:
         p, c = prompt.get(e.name, 0.0), cached.get(e.name, 0.0)
@@ -68,6 +86,7 @@ def overview(router: Router) -> dict[str, Any]:
                 "cached_tokens": int(c),
                 "cross_agent_cached_tokens": int(cross.get(e.name, 0.0)),
                 "hit_rate": _ratio(c, p),
+                "kv_events": _kv_events(kv_events, e.name),
             }
         )
     total_prompt = sum(prompt.values())

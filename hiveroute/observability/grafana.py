@@ -350,6 +350,14 @@ ROWS: tuple[Row, ...] = (
                 "applying it; clock skew between hosts adds to it.",
             ),
             Panel(
+                "KV events stale (served, no events)",
+                (q(f"max by (engine) (hiveroute_kv_events_stale{{{ENG}}})", "{{engine}}"),),
+                max=1,
+                description="1 while an engine that served requests has sent no KV event for "
+                "10 s: a wrong events= address or a firewall; KV-aware routing cannot see its "
+                "cache until events arrive.",
+            ),
+            Panel(
                 "KV-event gaps, restarts, decode errors, evictions",
                 (
                     q(

@@ -304,3 +304,12 @@ class StateMetrics:
             ["backend", "result"],
             registry=registry,
         )
+
+    def known_backend(self, backend: str) -> None:
+        """Export the outage series as 0 from the start, so their panels read 0 before the
+        first outage instead of "no data"."""
+        for reason in ("connection", "timeout"):
+            self.errors.labels(backend, reason)
+        self.local_operations.labels(backend)
+        for result in ("applied", "conflict", "restored"):
+            self.reconciled_keys.labels(backend, result)

@@ -138,14 +138,13 @@ def build_tracing(
     if not 0.0 <= sample_ratio <= 1.0:
         raise ConfigError(f"otlp_sample_ratio must be between 0 and 1, got {sample_ratio}")
     url = otlp_traces_url(endpoint)
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    except ImportError:
-        raise ConfigError(
-            "otlp_endpoint is set but OpenTelemetry is not installed: "
-            "pip install opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
-        ) from None
-    exporter = OTLPSpanExporter(endpoint=url, headers=dict(headers or {}), timeout=EXPORT_TIMEOUT_S)
+    from hiveroute.extras import require
+
+    require("opentelemetry.sdk.trace", "otel")
+    exporters = require("opentelemetry.exporter.otlp.proto.http.trace_exporter", "otel")
+    exporter = exporters.OTLPSpanExporter(
+        endpoint=url, headers=dict(headers or {}), timeout=EXPORT_TIMEOUT_S
+    )
     log.info("exporting traces over OTLP to %s", url)
     return Tracing.with_exporter(exporter, service_name=service_name, sample_ratio=sample_ratio)
 

@@ -27,8 +27,9 @@ Everything follows from that sum, with no rule of its own:
 
 The live share comes from `LiveSet` (blocks routed to e within its window, over e's capacity in
 blocks as its KV events showed it); before an engine has ever had to evict, writing to it
-evicts nothing. Ties (an idle fleet, nothing cached) go to the engine with the fewest live
-blocks, then the fewest requests in flight.
+evicts nothing. Ties (an idle fleet, nothing cached) go to the engine holding more of the
+prompt, then to the caller's preference (a workflow's homes), then to the engine with the fewest
+live blocks and the fewest requests in flight.
 """
 
 from __future__ import annotations
@@ -59,11 +60,19 @@ class EngineCost:
     def total_s(self) -> float:
         return self.ttft_s + self.delay_s + self.evict_s
 
-    def rank(self) -> tuple[float, int, int, float, str]:
-        """Least cost first; among equals the emptier engine (fewer live blocks, fewer
+    def rank(self, preference: int = 0) -> tuple[float, int, int, int, float, str]:
+        """Least cost first; among equals the engine holding more of the prompt, then the
+        caller's `preference` (lower first), then the emptier engine (fewer live blocks, fewer
         requests in flight), so an idle fleet fills evenly."""
         load = self.engine.load.queue_depth
-        return (self.total_s, -self.cached_tokens, self.live_blocks, load, self.engine.name)
+        return (
+            self.total_s,
+            -self.cached_tokens,
+            preference,
+            self.live_blocks,
+            load,
+            self.engine.name,
+        )
 
 
 @dataclass(frozen=True)
@@ -116,8 +125,10 @@ class RoutingCost:
         )
 
     @staticmethod
-    def cheapest(costs: Sequence[EngineCost]) -> EngineCost:
-        return min(costs, key=EngineCost.rank)
+    def cheapest(costs: Sequence[EngineCost], prefer: Sequence[str] = ()) -> EngineCost:
+        """The least costly engine; among equals, those named in `prefer`, in its order."""
+        order = {name: i for i, name in enumerate(prefer)}
+        return min(costs, key=lambda c: c.rank(order.get(c.engine.name, len(order))))
 
     def routed(self, engine: Engine, keys: Sequence[BlockKey]) -> None:
         """The request's blocks are live on `engine` now."""

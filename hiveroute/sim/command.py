@@ -52,7 +52,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--max-num-seqs", type=int, default=None, help="most requests running at once")
     a("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
     a("--max-model-len", type=int, default=None, help="longest prompt + output")
-    a("--scheduling-policy", default=d.scheduling_policy, choices=("fcfs", "priority"))
+    a(
+        "--scheduling-policy",
+        default=d.scheduling_policy,
+        choices=("fcfs", "priority"),
+        help="priority: honour each request's priority (lower first), as vLLM does",
+    )
     a("--no-chunked-prefill", action="store_true", help="admit a prompt only whole")
     a("--no-prefix-caching", action="store_true", help="never reuse cached blocks")
     a("--no-prompt-tokens-details", action="store_true",
@@ -78,7 +83,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help="fault: share of streams whose connection is cut")  # fmt: skip
     a("--drop-after-tokens", type=int, default=f.drop_after_tokens,
       help="fault: tokens sent before a dropped stream is cut")  # fmt: skip
-    a("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    a(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="log level (stderr)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:

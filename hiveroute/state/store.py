@@ -97,6 +97,9 @@ def open_state_store(url: str) -> StateStore:
 
         return MemoryStateStore()
     if url.startswith(("redis://", "rediss://")):
+        from hiveroute.extras import require
+
+        require("redis", "redis")
         try:
             module = importlib.import_module("hiveroute.state.redis")
         except ImportError as exc:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from hiveroute.gateway.router import Router
 
 API_BODY_LIMIT = 64 * 1024
+MAX_LIST_LIMIT = 10_000  # GET /v1/workflows?limit=
 
 
 def _tenant(request: web.Request) -> str | None:
@@ -79,8 +80,14 @@ async def create_workflow(request: web.Request) -> web.Response:
 async def list_workflows(request: web.Request) -> web.Response:
     service = _service(request)
     await service.flush()
-    summaries = await service.registry.summaries(_tenant(request))
-    return web.json_response({"object": "list", "data": summaries})
+    raw = request.query.get("limit")
+    limit = None
+    if raw is not None:
+        if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST_LIMIT:
+            raise BadRequest(f"'limit' must be an integer 1..{MAX_LIST_LIMIT}", param="limit")
+        limit = int(raw)
+    summaries, total = await service.registry.summaries(_tenant(request), limit=limit)
+    return web.json_response({"object": "list", "data": summaries, "total": total})
 
 
 async def get_workflow(request: web.Request) -> web.Response:

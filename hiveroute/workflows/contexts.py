@@ -81,9 +81,9 @@ class ContextRegistry:
                 f"context is {size} bytes; the limit is {self.max_bytes} (context_max_bytes)",
                 param="text",
             )
-        name = body.get("id") or f"ctx-{secrets.token_hex(8)}"
-        check_id(name, "'id'")
-        context_id = scoped(tenant, name)
+        local_id = body.get("id") or f"ctx-{secrets.token_hex(8)}"
+        check_id(local_id, "'id'")
+        context_id = scoped(tenant, local_id)
         workflow_id = body.get("workflow_id")
         if workflow_id is not None:
             workflow_id = scoped(tenant, check_id(workflow_id, "'workflow_id'"))
@@ -94,7 +94,7 @@ class ContextRegistry:
         if existing is not None:
             if existing.text != text or existing.workflow_id != workflow_id:
                 raise Conflict(
-                    f"context {name!r} exists with different text or scope; "
+                    f"context {local_id!r} exists with different text or scope; "
                     "contexts are immutable: register a new id",
                     param="id",
                 )

@@ -49,6 +49,15 @@ SUMMARY_LIST = {
     "required": ["object", "data"],
     "properties": {"object": {"const": "list"}, "data": {"type": "array"}},
 }
+WORKFLOW_LIST = {
+    "type": "object",
+    "required": ["object", "data", "total"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {"type": "array"},
+        "total": {"type": "integer", "minimum": 0},
+    },
+}
 CONTEXT = {
     "type": "object",
     "required": ["id", "bytes"],
@@ -96,6 +105,12 @@ def _path_id(name: str) -> dict[str, Any]:
 
 
 TENANT_QUERY = {"name": "tenant", "in": "query", "required": False, "schema": ID}
+LIMIT_QUERY = {
+    "name": "limit",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "integer", "minimum": 1, "maximum": 10_000},
+}
 
 SPEC: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -103,8 +118,8 @@ SPEC: dict[str, Any] = {
     "paths": {
         "/v1/workflows": {
             "get": {
-                "parameters": [TENANT_QUERY],
-                "responses": {"200": _json(SUMMARY_LIST, "workflows"), **_errors(400, 401)},
+                "parameters": [TENANT_QUERY, LIMIT_QUERY],
+                "responses": {"200": _json(WORKFLOW_LIST, "workflows"), **_errors(400, 401)},
             },
             "post": {
                 "requestBody": {

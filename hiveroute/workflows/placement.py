@@ -7,7 +7,12 @@ What a workflow adds is knowledge the KV events cannot have yet:
   (set-if-absent in the state store), so keep-warm, pre-warm and the dashboards know where the
   workflow lives; engines it later spills to become secondary homes;
 - its registered shared context (`context_refs`) counts as cached on its homes from the moment
-  it is placed there (pre-warmed, or in flight for a sibling), before any event confirms it.
+  it is placed there (pre-warmed, or in flight for a sibling), before any event confirms it;
+- what one of its engines is known to hold of a request, its other engines are expected to hold
+  too (they all served its shared prefix, though this replica may not have seen it go there),
+  except an agent's own history on its own engine;
+- among engines of equal cost (nothing known), its homes come first, so every replica sends the
+  workflow where the others did.
 An agent returns to the engine holding its own history because the KV index says so, not by a
 rule. Requests without a workflow are priced like any other.
 
@@ -40,6 +45,7 @@ from hiveroute.workflows.scope import scoped
 VIEW_KEY = "workflow_view"
 NEW_SPILL_KEY = "workflow_new_spill"
 MEMORY_KEY = "workflow_decision_memory"
+HELD_KEY = "workflow_expected_held"  # dict[engine name, CachedPrompt] of the last decision
 MAX_AGENT_ENGINES = 1024
 
 
@@ -145,7 +151,7 @@ class WorkflowPlacementScorer(Scorer):
         if view.home is not None and pool.get(view.home) is not None:
             return
         n = len(tokens) if tokens else self.tokens(request, state)
-        costs = [self.cost.price(e, n, self.cached(request, state, None, e)) for e in candidates]
+        costs = [self.cost.price(e, n, self.known(request, state, e)) for e in candidates]
         best = RoutingCost.cheapest(costs).engine
         if view.home is None:
             await service.registry.claim_home(view, best.name)
@@ -163,31 +169,48 @@ class WorkflowPlacementScorer(Scorer):
             return len(ids)
         return int(prompt_chars(request) / self.chars_per_token)
 
-    def cached(
+    def known(self, request: RoutingRequest, state: CycleState, engine: Engine) -> CachedPrompt:
+        """What this router knows the engine holds of the prompt: its KV events, or, for an
+        engine without events, where this router's own decisions sent the prompt's prefix."""
+        events = self.matcher.block_size(engine) is not None
+        m = (self.matcher if events else self.memory).match(request, engine, state)
+        return CachedPrompt(m.gpu_tokens, m.lower_tokens)
+
+    def expected(
         self,
         request: RoutingRequest,
         state: CycleState,
         view: WorkflowView | None,
-        engine: Engine,
-    ) -> CachedPrompt:
-        """What the engine is expected to hold of this prompt: what its KV events say (an
-        agent's own history included), and at least the workflow's registered shared prefix
-        on its homes (put there by a pre-warm or a sibling in flight). For an engine without
-        KV events, where this router's own decisions sent the prompt's prefix."""
-        events = self.matcher.block_size(engine) is not None
-        m = (self.matcher if events else self.memory).match(request, engine, state)
-        if view is None or engine.name not in view.engines or not view.warm_text:
-            return CachedPrompt(m.gpu_tokens, m.lower_tokens)
-        warm = int(len(view.warm_text) / self.chars_per_token)
-        return CachedPrompt(max(m.gpu_tokens, warm), m.lower_tokens)
+        candidates: list[Engine],
+    ) -> dict[str, CachedPrompt]:
+        """What each engine is expected to hold of this prompt: what is known, and on the
+        workflow's engines at least (1) its registered shared context (pre-warmed, or in flight
+        for a sibling) and (2) what another of its engines is known to hold, since they all
+        served the workflow's shared prefix (this replica may not have seen it go there). The
+        agent's own engine does not lend what it holds: that is the agent's own history."""
+        held = {e.name: self.known(request, state, e) for e in candidates}
+        if view is None:
+            return held
+        mine = view.agent_engines.get(request.metadata.agent_id or "")
+        ours = [name for name in view.engines if name in held]
+        lent = max((held[name].gpu_tokens for name in ours if name != mine), default=0)
+        warm = int(len(view.warm_text) / self.chars_per_token) if view.warm_text else 0
+        for name in ours:
+            found = held[name]
+            held[name] = CachedPrompt(max(found.gpu_tokens, lent, warm), found.lower_tokens)
+        return held
 
     def score(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
     ) -> dict[str, float]:
         view: WorkflowView | None = state.get(VIEW_KEY)
         n = self.tokens(request, state)
-        costs = [self.cost.price(e, n, self.cached(request, state, view, e)) for e in candidates]
-        chosen = RoutingCost.cheapest(costs)
+        held = self.expected(request, state, view, candidates)
+        state[HELD_KEY] = held
+        costs = [self.cost.price(e, n, held[e.name]) for e in candidates]
+        # among equal costs (nothing known of what the engines hold), the workflow's homes:
+        # so every replica sends its requests where the others did
+        chosen = RoutingCost.cheapest(costs, view.engines if view is not None else ())
         name = chosen.engine.name
         if view is None:
             reason = "workflow_none"
@@ -204,7 +227,9 @@ class WorkflowPlacementScorer(Scorer):
     def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
         view: WorkflowView | None = state.get(VIEW_KEY)
         n = self.tokens(request, state)
-        self.ledger.routed(engine, n - self.cached(request, state, view, engine).tokens, state)
+        held: dict[str, CachedPrompt] = state.get(HELD_KEY) or {}
+        found = held.get(engine.name) or self.known(request, state, engine)
+        self.ledger.routed(engine, n - found.tokens, state)
         events = self.matcher.block_size(engine) is not None
         self.matcher.speculate(request, engine, state, None)  # siblings see it before events
         if not events:  # no events from this engine (yet): remember the decision instead

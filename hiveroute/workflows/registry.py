@@ -572,23 +572,35 @@ class WorkflowRegistry:
 
     # --- reading --------------------------------------------------------------------------
 
-    async def summaries(self, tenant: str | None = None) -> list[dict[str, Any]]:
-        """Every workflow `tenant` may see (None: all of them)."""
-        result = []
+    async def summaries(
+        self, tenant: str | None = None, *, limit: int | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The workflows `tenant` may see (None: all of them), oldest first, and how many
+        there are. With `limit`: only that many, active ones first, then the most recently
+        active (what a dashboard shows), and the counters of only those are read."""
+        views = []
         for key in sorted(await self.store.scan("wf:doc:", limit=self.limits.max_workflows)):
             workflow_id = key[len("wf:doc:") :]
             if not visible(workflow_id, tenant):
                 continue
-            summary = await self._summary(workflow_id)
-            if summary is not None:
-                result.append(summary)
-        result.sort(key=lambda s: s["created_at"])
-        return result
+            view = await self.view(workflow_id, fresh=True)
+            if view is not None:
+                views.append(view)
+        total = len(views)
+        if limit is None:
+            views.sort(key=lambda v: v.settings.created_at)
+        else:
+            views.sort(
+                key=lambda v: (
+                    self._effective_state(v.settings, v.last_active_at) != ACTIVE,
+                    -v.last_active_at,
+                )
+            )
+            del views[limit:]
+        return [await self._summary(view) for view in views], total
 
-    async def _summary(self, workflow_id: str) -> dict[str, Any] | None:
-        view = await self.view(workflow_id, fresh=True)
-        if view is None:
-            return None
+    async def _summary(self, view: WorkflowView) -> dict[str, Any]:
+        workflow_id = view.id
         stats = await self.store.hgetall(_k("stats", workflow_id))
         agents = await self.store.hgetall(_k("agents", workflow_id))
         return {

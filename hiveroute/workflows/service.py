@@ -126,6 +126,7 @@ class WorkflowService:
                 router.components.append(store)  # type: ignore[arg-type]
         if not hasattr(services["state_store"], "start"):  # in memory: always up
             router.metrics.state.backend_up.labels(services["state_store"].name).set(1)
+        router.metrics.state.known_backend(services["state_store"].name)
         service = cls(
             services["state_store"],
             services["tokenizer"],
@@ -188,14 +189,16 @@ class WorkflowService:
         return bool(view.settings.priority_scheduling or self.config.workflow_priorities)
 
     def layout_on(self, view: WorkflowView | None) -> bool:
-        if view is None:
-            return False
-        return bool(view.settings.shared_prefix_layout or self.config.shared_prefix_layout)
+        """The layout for a workflow (None: one not created yet, so its default settings)."""
+        own = view is not None and view.settings.shared_prefix_layout
+        return bool(own or self.config.shared_prefix_layout)
 
     async def before_route(self, request: RoutingRequest) -> None:
         meta = request.metadata
         workflow_key = scoped(request.tenant, meta.workflow_id) if meta.workflow_id else None
-        view = await self.registry.ensure(workflow_key) if workflow_key else None
+        # Read, not create: a request refused below (an unknown or foreign context) must leave
+        # no workflow behind. A workflow seen for the first time has the default settings.
+        known = await self.registry.view(workflow_key) if workflow_key else None
         assert self.router is not None
         expansion = await expand_contexts(
             request.body,
@@ -203,11 +206,12 @@ class WorkflowService:
             refs=meta.context_refs,
             tenant=request.tenant,
             workflow_id=workflow_key,
-            workflow_context_ids=view.settings.context_ids if view else [],
-            layout=self.layout_on(view),
+            workflow_context_ids=known.settings.context_ids if known else [],
+            layout=bool(workflow_key) and self.layout_on(known),
             contexts=self.contexts,
             max_bytes=self.router.config.max_body_bytes,
         )
+        view = await self.registry.ensure(workflow_key) if workflow_key else None
         if expansion is not None:
             request.body = expansion.body
         if meta.priority is not None and "priority" not in request.body:

@@ -131,6 +131,8 @@ def test_defaults_render_valid_objects(tmp_path: Path) -> None:
     assert config.k8s_label_selector == "hiveroute.io/role=engine"
     assert (config.k8s_port, config.k8s_events_port, config.port) == (8000, 5557, 8080)
     assert config.state == "memory"
+    # the policy the README, CLI and demo default to, fed by the KV events configured above
+    assert config.policy == RouterConfig().policy == "workflow"
 
     role = one(objects, "Role", "hr-hiveroute-discovery")
     assert role["rules"] == [

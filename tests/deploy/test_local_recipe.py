@@ -25,6 +25,7 @@ def test_local_config_loads_as_serve_loads_it() -> None:
         "tcp://127.0.0.1:5558",
     ]
     assert (config.port, config.discovery, config.state) == (8080, "static", "memory")
+    assert config.policy == RouterConfig().policy == "workflow"  # the default, using the events
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -162,7 +162,9 @@ async def test_stdio_tools_carry_the_hosts_workflow(api_stack: ApiStack) -> None
     )
     assert metadata.session_id == "s-9"  # from the forwarded W3C baggage
     engine = engines[answer["engine"]]
-    assert engine.received_headers[-1]["traceparent"] == TRACEPARENT
+    # the generation carries the host's trace (a pre-warm of the context, sent in the
+    # background, may reach the engine after it)
+    assert TRACEPARENT in {h.get("traceparent") for h in engine.received_headers}
     sent = json.dumps(engine.received[-1])
     assert "THE SHARED SPEC" in sent and "write the plan" in sent
 

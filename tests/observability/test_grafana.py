@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 import yaml
 
-from hiveroute.config import RouterConfig
+from hiveroute.config import RouterConfig, load_config
 from hiveroute.gateway.router import Router
 from hiveroute.observability.grafana import dashboard, render
 from hiveroute.observability.metrics import RouterMetrics
@@ -101,8 +101,13 @@ def test_provisioning_files_point_at_the_dashboard() -> None:
     providers = yaml.safe_load((provisioning / "dashboards" / "hiveroute.yaml").read_text())
     assert providers["providers"][0]["type"] == "file"
     scrape = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
-    jobs = {job["job_name"] for job in scrape["scrape_configs"]}
-    assert jobs == {"hiveroute", "vllm"}
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    assert set(jobs) == {"hiveroute", "vllm"}
+    # the engines' `instance` must equal the router's `engine` label for the same engines
+    # (deploy/local gives the router http://127.0.0.1:8100, ...), or the engine filter blanks panels
+    local = load_config({"config": str(ROOT / "deploy" / "local" / "hiveroute.yaml")}, env={})
+    targets = [t for c in jobs["vllm"]["static_configs"] for t in c["targets"]]
+    assert targets == [spec.name for spec in local.engine_specs]
 
 
 async def agent_traffic(

@@ -41,7 +41,7 @@ def names(router: RunningRouter) -> list[str]:
 async def ask(http: aiohttp.ClientSession, router: RunningRouter, workflow: str, agent: str) -> str:
     body = {
         "model": "m",
-        "messages": [{"role": "user", "content": PROMPT + agent}],
+        "messages": [{"role": "user", "content": f"Workflow {workflow}. {PROMPT}{agent}"}],
         "max_tokens": 2,
         "hiveroute": {"workflow_id": workflow, "agent_id": agent},
     }
@@ -89,11 +89,11 @@ async def test_replicas_agree_and_a_restarted_replica_rebuilds_from_redis(
     }
     a = await router_factory(urls, **options)
     b = await router_factory(urls, **options)
-    low, mid, top = names(a)  # a replica alone would home every new workflow on `top`
-    homes = {
+    low, mid, top = names(a)
+    homes = {  # each started where the others look down, through either replica
         "w-low": await start_on(http, a, "w-low", held_out=[mid, top]),
-        "w-mid": await start_on(http, b, "w-mid", held_out=[top]),
-        "w-top": await start_on(http, a, "w-top", held_out=[]),
+        "w-mid": await start_on(http, b, "w-mid", held_out=[low, top]),
+        "w-top": await start_on(http, a, "w-top", held_out=[low, mid]),
     }
     assert homes == {"w-low": low, "w-mid": mid, "w-top": top}
     for i in range(6):  # alternate replicas: each request of a workflow goes to its home
@@ -153,7 +153,7 @@ async def test_redis_outage_keeps_requests_succeeding_and_reconciles(
     redis_server.stop()
     for i in range(4):  # both replicas keep serving, and keep the home they know
         assert await ask(http, (a, b)[i % 2], "w-old", f"executor-{i}") == low
-    assert await start_on(http, b, "w-new", held_out=[top]) == mid  # born in the outage
+    assert await start_on(http, b, "w-new", held_out=[low, top]) == mid  # born in the outage
     assert await ask(http, b, "w-new", "executor") == mid
     for replica in (a, b):
         text = await scrape(http, replica)
@@ -206,7 +206,8 @@ async def test_a_partitioned_replica_adopts_the_home_chosen_elsewhere(
     try:
         proxy.set_mode("hang")  # b loses Redis; a still has it
         assert await start_on(http, a, "w", held_out=[mid, top]) == low
-        assert await ask(http, b, "w", "executor") == top  # b alone: its own choice, served
+        # b alone makes its own choice (where the others look down to it), and serves it
+        assert await start_on(http, b, "w", held_out=[low, mid]) == top
         proxy.set_mode("open")
         store = b.router.services["state_store"]
         for _ in range(200):

@@ -230,18 +230,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--fan-out", type=positive_int, default=d.fan_out, help="executors per round")
     g.add_argument("--rounds", type=positive_int, default=d.rounds, help="rounds per workflow")
-    g.add_argument("--task-tokens", type=non_negative_int, default=d.task_tokens)
+    g.add_argument(
+        "--task-tokens", type=non_negative_int, default=d.task_tokens, help="task description size"
+    )
     g.add_argument(
         "--kb-tokens", type=non_negative_int, default=d.kb_tokens, help="knowledge base size"
     )
     g.add_argument(
         "--role-tokens", type=non_negative_int, default=d.role_tokens, help="system prompt size"
     )
-    g.add_argument("--step-tokens", type=non_negative_int, default=d.step_tokens)
-    g.add_argument("--tool-result-tokens", type=non_negative_int, default=d.tool_result_tokens)
-    g.add_argument("--planner-tokens", type=positive_int, default=d.planner_tokens)
-    g.add_argument("--executor-tokens", type=positive_int, default=d.executor_tokens)
-    g.add_argument("--validator-tokens", type=positive_int, default=d.validator_tokens)
+    g.add_argument(
+        "--step-tokens",
+        type=non_negative_int,
+        default=d.step_tokens,
+        help="instruction each step adds to an agent's history",
+    )
+    g.add_argument(
+        "--tool-result-tokens",
+        type=non_negative_int,
+        default=d.tool_result_tokens,
+        help="size of each tool call's result",
+    )
+    g.add_argument(
+        "--planner-tokens",
+        type=positive_int,
+        default=d.planner_tokens,
+        help="planner output tokens",
+    )
+    g.add_argument(
+        "--executor-tokens",
+        type=positive_int,
+        default=d.executor_tokens,
+        help="executor output tokens per model call",
+    )
+    g.add_argument(
+        "--validator-tokens",
+        type=positive_int,
+        default=d.validator_tokens,
+        help="validator output tokens",
+    )
     g.add_argument(
         "--tool-calls", type=non_negative_int, default=d.tool_calls, help="per executor per round"
     )

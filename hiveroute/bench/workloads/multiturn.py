@@ -125,10 +125,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="session arrivals per second (Poisson; 0 = all at once)",
     )
     g.add_argument("--turns", type=positive_int, default=d.turns, help="questions per session")
-    g.add_argument("--system-tokens", type=non_negative_int, default=d.system_tokens)
-    g.add_argument("--history-tokens", type=non_negative_int, default=d.history_tokens)
-    g.add_argument("--question-tokens", type=positive_int, default=d.question_tokens)
-    g.add_argument("--answer-tokens", type=positive_int, default=d.answer_tokens)
+    g.add_argument(
+        "--system-tokens",
+        type=non_negative_int,
+        default=d.system_tokens,
+        help="system prompt shared by every session",
+    )
+    g.add_argument(
+        "--history-tokens",
+        type=non_negative_int,
+        default=d.history_tokens,
+        help="each user's own history before the first question",
+    )
+    g.add_argument(
+        "--question-tokens",
+        type=positive_int,
+        default=d.question_tokens,
+        help="size of each question",
+    )
+    g.add_argument(
+        "--answer-tokens",
+        type=positive_int,
+        default=d.answer_tokens,
+        help="output tokens per answer",
+    )
     g.add_argument(
         "--think-time",
         type=gap_distribution,

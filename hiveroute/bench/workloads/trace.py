@@ -58,8 +58,24 @@ class TraceConfig:
         return max(2, scaled + scaled % 2)  # even, so blocks end in a space and join cleanly
 
 
+BUNDLED_TRACE = (
+    Path(__file__).resolve().parent.parent / "data" / "mooncake_conversation_trace_1000.jsonl"
+)
+
+
 def default_trace_path() -> Path:
-    """The Mooncake trace next to the repository (../shared/data/...), or $HIVEROUTE_TRACE."""
+    """$HIVEROUTE_TRACE, else the first 1000 rows of the Mooncake conversation trace that ship
+    with the package (hiveroute/bench/data, Apache-2.0), so `--workload trace` works anywhere."""
+    env = os.environ.get("HIVEROUTE_TRACE")
+    if env:
+        return Path(env)
+    return BUNDLED_TRACE
+
+
+def full_trace_path() -> Path:
+    """The whole Mooncake trace (12,031 rows) for benchmarks that replay later slices:
+    $HIVEROUTE_TRACE, else ../shared/data/mooncake/ next to the repository, else the bundled
+    slice. Download: github.com/kvcache-ai/Mooncake, FAST25-release/traces/conversation_trace.jsonl."""
     env = os.environ.get("HIVEROUTE_TRACE")
     if env:
         return Path(env)
@@ -69,7 +85,7 @@ def default_trace_path() -> Path:
             candidate = up / DEFAULT_TRACE
             if candidate.exists():
                 return candidate
-    return Path("..") / DEFAULT_TRACE
+    return BUNDLED_TRACE
 
 
 def read_trace(path: Path, limit: int, skip: int = 0) -> list[TraceRow]:
@@ -111,7 +127,12 @@ def read_trace(path: Path, limit: int, skip: int = 0) -> list[TraceRow]:
                 break
     if not rows:
         after = f" after the first {skip}" if skip else ""
-        raise ConfigError(f"trace {path} has no requests{after}")
+        hint = (
+            "; the bundled slice has 1000 rows: give the full trace with --trace FILE"
+            if path == BUNDLED_TRACE
+            else ""
+        )
+        raise ConfigError(f"trace {path} has no requests{after}{hint}")
     return rows
 
 
@@ -182,7 +203,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="Mooncake-format JSONL trace (default: ../shared/data/mooncake/conversation_trace.jsonl)",
+        help="Mooncake-format JSONL trace (default: the first 1000 rows of Mooncake's "
+        "conversation trace, bundled; $HIVEROUTE_TRACE overrides)",
     )
     g.add_argument(
         "--trace-limit", type=non_negative_int, default=200, help="requests to replay (0 = all)"
