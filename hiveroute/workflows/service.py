@@ -258,7 +258,10 @@ class WorkflowService:
         text = leading_text(request.path, request.body)
         if text is None:
             return
-        view.warm_text = text if view.warm_text is None else common_prefix(view.warm_text, text)
+        if view.warm_text is None:
+            view.warm_text = text
+        elif not text.startswith(view.warm_text):  # once learnt, a prefix is checked, not redone
+            view.warm_text = common_prefix(view.warm_text, text)
 
     def after_complete(self, request: RoutingRequest, outcome: RequestOutcome) -> None:
         pending = self._pending.pop(request.request_id, None)
