@@ -98,11 +98,17 @@ def pin(*cores: int) -> None:
         os.sched_setaffinity(0, wanted)
 
 
-def start(cmd: list[str], cores: tuple[int, ...], log: Path) -> subprocess.Popen[bytes]:
-    """Start cmd pinned to cores, its output in log."""
+def start(
+    cmd: list[str], cores: tuple[int, ...], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start cmd pinned to cores, its output in log (env: extra environment variables)."""
     out = open(log, "wb")
     return subprocess.Popen(
-        cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=lambda: pin(*cores)
+        cmd,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        preexec_fn=lambda: pin(*cores),
+        env={**os.environ, **env} if env else None,
     )
 
 

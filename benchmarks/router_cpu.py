@@ -71,9 +71,10 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 @dataclass(frozen=True)
 class Target:
-    name: str  # hiveroute:kv, smg, sglang, direct
+    name: str  # hiveroute:kv, smg, sglang, direct, base:workflow
     kind: str  # hiveroute | peer | direct
     policy: str | None
+    source: str | None = None  # another hiveroute checkout (PYTHONPATH), for before/after
 
 
 TARGETS = {
@@ -121,13 +122,14 @@ async def start_target(
     base = [sys.executable, "-m", "hiveroute", "serve", *engine_args, "--host", "127.0.0.1",
             "--policy", str(target.policy), "--log-level", "warning", "--health-interval-s", "5",
             "--keep-warm-interval-s", "0"]  # fmt: skip
+    env = {"PYTHONPATH": target.source} if target.source else None
     processes = 1 if (workers == 1 or has_workers) else workers
     extra = ["--workers", str(workers)] if has_workers else []
     running = Running([], [])
     for i in range(processes):
         port = free_port()
         cmd = [*base, "--port", str(port), *extra]
-        running.procs.append(start(cmd, cores, logs / f"{tag}-{i}.log"))
+        running.procs.append(start(cmd, cores, logs / f"{tag}-{i}.log", env))
         running.urls.append(f"http://127.0.0.1:{port}")
     for url in running.urls:
         await wait_http(f"{url}/health", timeout_s=120)
@@ -237,8 +239,10 @@ async def main_async(args: argparse.Namespace) -> int:
                 for rep in range(args.reps):
                     for name in targets:
                         target = TARGETS[name]
-                        if target.kind == "direct" and workers != workers_list[0]:
-                            continue
+                        if (target.kind == "direct" or target.source) and workers != workers_list[
+                            0
+                        ]:
+                            continue  # the engines alone, and the baseline, at 1 worker
                         running = await start_target(target, engines, workers, logs, has_workers)
                         try:
                             for size in args.sizes:
@@ -280,13 +284,15 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _commit() -> str:
+def _commit(root: Path = ROOT) -> str:
+    """The checkout's commit (a copy made by `git archive` has none: HIVEROUTE_BENCH_COMMIT)."""
     try:
-        return subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        found = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip()
     except OSError:
-        return "?"
+        found = ""
+    return found or os.environ.get("HIVEROUTE_BENCH_COMMIT", "?")
 
 
 def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], has_workers: bool) -> None:
@@ -314,6 +320,14 @@ def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], has_worke
             "as `serve --workers` does not exist yet"
         )
         + "), engines and load generator still on core 0",
+        *(
+            [
+                f"- `base:POLICY`: hiveroute from {args.baseline} (commit "
+                f"{os.environ.get('HIVEROUTE_BASE_COMMIT', '?')}), the same run, 1 worker"
+            ]
+            if args.baseline
+            else []
+        ),
         "- peers at their default policy (`cache_aware`); smg 1.13.0 and sglang-router 0.3.2, each "
         "in its own venv (hiveroute.bench.peers)",
         "",
@@ -382,6 +396,8 @@ def main() -> int:
     parser.add_argument("--targets", default=",".join(TARGETS), help="on instant engines")
     parser.add_argument("--sim-targets", default="hiveroute:kv,hiveroute:workflow,smg",
                         help="on simulated engines with KV events ('' for none)")  # fmt: skip
+    parser.add_argument("--baseline", default="", metavar="DIR",
+                        help="also run hiveroute from this checkout (targets base:POLICY, 1 worker)")  # fmt: skip
     parser.add_argument("--workers", default="1,2", help="worker counts (instant engines)")
     parser.add_argument("--clients", type=int, default=32, help="closed-loop clients")
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per cell")
@@ -395,6 +411,13 @@ def main() -> int:
     args.targets = [t for t in args.targets.split(",") if t]
     args.sim_targets = [t for t in args.sim_targets.split(",") if t]
     args.workers = [int(w) for w in args.workers.split(",") if w]
+    if args.baseline:
+        for policy in ("round_robin", "kv", "workflow"):
+            name = f"base:{policy}"
+            TARGETS[name] = Target(name, "hiveroute", policy, str(Path(args.baseline).resolve()))
+            current = f"hiveroute:{policy}"
+            if current in args.targets:
+                args.targets.insert(args.targets.index(current), name)
     for t in args.targets + args.sim_targets:
         if t not in TARGETS:
             parser.error(f"unknown target {t!r}; known: {', '.join(TARGETS)}")
