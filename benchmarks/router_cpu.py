@@ -366,7 +366,7 @@ def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], has_worke
         if len(workers_list) > 1:
             lines += ["Requests/s with 2 workers over 1 (same run):", ""]
             for name in names:
-                if name == "direct":
+                if name == "direct" or TARGETS[name].source:
                     continue
                 ratios = []
                 for s in sizes:
@@ -378,8 +378,8 @@ def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], has_worke
     RESULTS.mkdir(parents=True, exist_ok=True)
     report = RESULTS / args.name
     old = report.with_suffix(".md").read_text() if report.with_suffix(".md").exists() else ""
-    marker = "\n## Profiles"
-    tail = old[old.index(marker) :] if marker in old else ""  # hand-kept profile summaries stay
+    marker = "\n## Reading the figures"
+    tail = old[old.index(marker) :] if marker in old else ""  # hand-kept findings and profiles stay
     report.with_suffix(".md").write_text("\n".join(lines) + tail)
     report.with_suffix(".json").write_text(
         json.dumps({"argv": sys.argv, "summary": summary, "rows": rows}, indent=1)
