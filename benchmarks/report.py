@@ -27,12 +27,18 @@ def machine() -> str:
     )
 
 
-def write_report(name: str, title: str, body: str) -> Path:
-    """Write benchmarks/results/NAME.md with the date, machine and exact command."""
-    REPORTS.mkdir(parents=True, exist_ok=True)
-    path = REPORTS / f"{name}.md"
+def write_report(name: str, title: str, body: str, directory: Path = REPORTS) -> Path:
+    """Write benchmarks/results/NAME.md (or DIRECTORY/NAME.md) with the date, machine and exact
+    command."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.md"
     script = Path(sys.argv[0])
-    head = f"-m benchmarks.{script.stem}" if script.parent.name == "benchmarks" else str(script)
+    if script.parent.name == "benchmarks":
+        head = f"-m benchmarks.{script.stem}"
+    elif script.name == "__main__.py" and script.parent.parent.name == "benchmarks":
+        head = f"-m benchmarks.{script.parent.name}"  # a benchmark package
+    else:
+        head = str(script)
     command = " ".join([Path(sys.executable).name, head, *(shlex.quote(a) for a in sys.argv[1:])])
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     path.write_text(

@@ -10,11 +10,22 @@ every carrier DESIGN.md names. For each field the first carrier that has it wins
    ``workflow.stage``;
 4. OpenAI's body field ``metadata`` keys ``workflow_id``, ``agent_id``, ``agent_role``,
    ``session_id``, ``stage``.
+
+Then the keys other tools already send (README, "Session keys agents send", cites each one's
+source), in this order: vllm-router's ``vllm_xargs.agentic_context``; Dynamo's
+``X-Dynamo-Session-ID`` / ``X-Dynamo-Parent-Session-ID``; Claude Code's
+``x-claude-code-session-id`` / ``-agent-id`` / ``-parent-agent-id``; Codex's ``session-id``
+(``session_id``), ``thread-id`` (``conversation_id``), ``x-codex-parent-thread-id``,
+``x-openai-subagent``; OpenCode's ``x-session-affinity`` / ``x-opencode-session`` /
+``x-parent-session-id``; ``x-user-id``; the body's ``prompt_cache_key``; Anthropic's
+``metadata.user_id``; the body's ``user``. A value of the wrong type or over 256 characters is a
+400 naming its carrier, whichever carrier it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -25,9 +36,11 @@ MAX_ID_LENGTH = 256
 MAX_CONTEXT_REFS = 64
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 
+MAX_AGENTIC_CONTEXT_BYTES = 16 * 1024  # as vllm-router bounds a JSON-encoded agentic_context
+
 LOG_FIELDS = (
     "workflow_id", "agent_id", "agent_role", "session_id", "stage", "parent_request_id",
-    "priority", "context_refs",
+    "parent_agent_id", "parent_session_id", "priority", "context_refs",
 )  # fmt: skip
 STRING_FIELDS = (
     "workflow_id",
@@ -86,6 +99,8 @@ class RequestMetadata:
     session_id: str | None = None
     stage: str | None = None
     parent_request_id: str | None = None
+    parent_agent_id: str | None = None  # the agent that spawned this one (a subagent's parent)
+    parent_session_id: str | None = None  # the session this one was forked from
     priority: int | None = None
     context_refs: tuple[str, ...] = field(default_factory=tuple)
 
@@ -189,13 +204,132 @@ def _from_string_map(
     return found
 
 
+# --- the session keys other tools send (README: "Session keys agents send") ----------------
+
+# Per tool, each field with the headers that carry it, first one found wins.
+DYNAMO_HEADERS = {
+    "session_id": ("X-Dynamo-Session-ID",),
+    "parent_session_id": ("X-Dynamo-Parent-Session-ID",),
+}
+CLAUDE_CODE_HEADERS = {
+    "session_id": ("x-claude-code-session-id",),
+    "agent_id": ("x-claude-code-agent-id",),
+    "parent_agent_id": ("x-claude-code-parent-agent-id",),
+}
+CODEX_HEADERS = {
+    "session_id": ("session-id", "session_id"),
+    "agent_id": ("thread-id",),
+    "parent_agent_id": ("x-codex-parent-thread-id",),
+    "agent_role": ("x-openai-subagent",),
+}
+OPENCODE_HEADERS = {
+    "session_id": ("x-session-affinity", "x-opencode-session"),
+    "parent_session_id": ("x-parent-session-id",),
+}
+USER_HEADERS = {"session_id": ("x-user-id",)}
+AGENT_HEADER_CARRIERS = (
+    DYNAMO_HEADERS, CLAUDE_CODE_HEADERS, CODEX_HEADERS, OPENCODE_HEADERS, USER_HEADERS,
+)  # fmt: skip
+
+# vllm-router's `vllm_xargs.agentic_context` keys per field (its aliases in its order).
+AGENTIC_CONTEXT_KEYS = {
+    "workflow_id": ("task_id",),
+    "session_id": ("session_id",),
+    "agent_id": ("agent_id", "program_id"),
+    "agent_role": ("agent_role",),
+    "parent_agent_id": ("parent_agent_id", "parent_program_id", "parent_id"),
+}
+
+
+def _from_headers(
+    headers: Mapping[str, str], carrier: Mapping[str, tuple[str, ...]]
+) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name, keys in carrier.items():
+        for key in keys:
+            value = headers.get(key)
+            if value is not None and value.strip() != "":
+                found[name] = _check_string(value.strip(), f"header {key}")
+                break
+    return found
+
+
+def _agentic_context(body: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """vllm-router's agentic context (an object, or one encoded as a JSON string), and the body
+    without it: the engine would refuse an object inside `vllm_xargs`, and it is routing
+    metadata, removed like the `hiveroute` object."""
+    xargs = body.get("vllm_xargs")
+    if not isinstance(xargs, dict) or xargs.get("agentic_context") is None:
+        return None, body
+    where = "vllm_xargs.agentic_context"
+    raw = xargs["agentic_context"]
+    if isinstance(raw, str):
+        if len(raw.encode()) > MAX_AGENTIC_CONTEXT_BYTES:
+            raise BadRequest(
+                f"{where} is longer than {MAX_AGENTIC_CONTEXT_BYTES} bytes", param=where
+            )
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise BadRequest(f"{where} must be a JSON object", param=where) from None
+    if not isinstance(raw, dict):
+        raise BadRequest(f"{where} must be a JSON object", param=where)
+    rest = {k: v for k, v in xargs.items() if k != "agentic_context"}
+    clean = {k: v for k, v in body.items() if k != "vllm_xargs"}
+    if rest:
+        clean["vllm_xargs"] = rest
+    return raw, clean
+
+
+def _from_agentic_context(context: Mapping[str, Any]) -> dict[str, Any]:
+    where = "vllm_xargs.agentic_context"
+    found: dict[str, Any] = {}
+    for name, keys in AGENTIC_CONTEXT_KEYS.items():
+        for key in keys:
+            value = context.get(key)
+            if value is None or value == "":
+                continue
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = str(value)  # ids may be numbers, as vllm-router accepts
+            found[name] = _check_string(value, f"{where}.{key}")
+            break
+    if context.get("priority") is not None:
+        # Checked, not passed on: vllm-router orders its own queue by it, larger first, while
+        # `priority` here is vLLM's (lower first, refused by engines without priority scheduling).
+        _check_priority(context["priority"], f"{where}.priority")
+    return found
+
+
+def _body_session_keys(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """`prompt_cache_key`, Anthropic's `metadata.user_id` and `user`, in that order."""
+    carriers: list[dict[str, Any]] = []
+    for read in _BODY_SESSION_READERS:
+        value, where = read(body)
+        if value is not None and value != "":
+            carriers.append({"session_id": _check_string(value, where)})
+    return carriers
+
+
+def _metadata_user_id(body: dict[str, Any]) -> tuple[Any, str]:
+    metadata = body.get("metadata")
+    return (metadata.get("user_id") if isinstance(metadata, dict) else None), "metadata.user_id"
+
+
+_BODY_SESSION_READERS: tuple[Callable[[dict[str, Any]], tuple[Any, str]], ...] = (
+    lambda body: (body.get("prompt_cache_key"), "prompt_cache_key"),
+    _metadata_user_id,
+    lambda body: (body.get("user"), "user"),
+)
+
+
 def extract_metadata(
     body: dict[str, Any], headers: Mapping[str, str]
 ) -> tuple[RequestMetadata, dict[str, Any]]:
     """Read the request's metadata from every carrier; return it with the body the engine gets.
 
-    The returned body is the input without its ``hiveroute`` object (a shallow copy when that
-    object was there, the same dict otherwise). Raises BadRequest for wrong types.
+    The returned body is the input without its ``hiveroute`` object and without
+    ``vllm_xargs.agentic_context`` (a shallow copy when either was there, the same dict
+    otherwise). Raises BadRequest for wrong types and over-long values in any carrier.
     """
     carriers: list[dict[str, Any]] = [_from_body_object(body.get("hiveroute"))]
     carriers.append(_from_string_map(headers, HEADER_CARRIER, "header"))
@@ -205,12 +339,18 @@ def extract_metadata(
     openai_metadata = body.get("metadata")
     if isinstance(openai_metadata, dict):
         carriers.append(_from_string_map(openai_metadata, OPENAI_METADATA_CARRIER, "metadata"))
+    context, clean = _agentic_context(body)
+    if context is not None:
+        carriers.append(_from_agentic_context(context))
+    carriers.extend(_from_headers(headers, carrier) for carrier in AGENT_HEADER_CARRIERS)
+    carriers.extend(_body_session_keys(body))
     merged: dict[str, Any] = {}
     for found in carriers:
         for name, value in found.items():
             merged.setdefault(name, value)
-    if "hiveroute" in body:
-        body = {k: v for k, v in body.items() if k != "hiveroute"}
+    if "hiveroute" in clean:
+        clean = {k: v for k, v in clean.items() if k != "hiveroute"}
+    body = clean
     return RequestMetadata(**merged), body
 
 

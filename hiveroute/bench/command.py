@@ -56,8 +56,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, slices: int) -> None:
         action="append",
         metavar="KIND[:POLICY]",
         help="hiveroute:POLICY (best = the most capable), hiveroute-inproc:POLICY, "
-        "sglang[:POLICY], vllm-router[:POLICY], engine, or http://HOST:PORT (a deployment "
-        "already running: no engines are started for it); repeat for several",
+        "sglang[:POLICY], smg[:POLICY], vllm-router[:POLICY], engine (peers in their default "
+        "policy unless given), or http://HOST:PORT (a deployment already running: no engines "
+        "are started for it); repeat for several",
     )
     parser.add_argument(
         "--workload",
@@ -188,6 +189,14 @@ def options_from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         raise ConfigError(f"a target is given twice: {', '.join(labels)}")
     workloads = list(dict.fromkeys(args.workload or ["agentic"]))
     check_replicas(args.router_replicas, "--router-replicas")  # before any engine starts
+    if args.context_refs and "agentic" in workloads:
+        others = [t.label for t in targets if not t.kind.startswith("hiveroute")]
+        if others:
+            raise ConfigError(
+                f"--context-refs needs hiveroute targets (no context API): {', '.join(others)}"
+            )
+        if args.router_replicas > 1:
+            raise ConfigError("--context-refs registers contexts with one router replica only")
     if args.engines == "vllm" and args.preset != EngineOptions().preset:
         raise ConfigError("--preset applies to simulated engines only")
     return RunOptions(

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from hiveroute.bench.apis import WIRES, Wire
 from hiveroute.bench.records import RequestRecord, UnitRecord
 from hiveroute.bench.workloads.base import BenchRequest, Reply, Unit, UnitFailed
 
@@ -171,6 +172,18 @@ class CellRun:
         finally:
             record.end_s = self.now()
 
+    async def control(self, method: str, path: str, body: dict[str, Any] | None) -> None:
+        """A control-API call through the first URL (replicas would each need the state)."""
+        timeout = aiohttp.ClientTimeout(total=self.options.request_timeout_s)
+        url = self.base_urls[0] + path
+        try:
+            async with self.http.request(method, url, json=body, timeout=timeout) as response:
+                if response.status >= 400:
+                    text = await _error_text(response)
+                    raise UnitFailed(f"{method} {path}: HTTP {response.status}: {text}")
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise UnitFailed(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+
     # --- one request ---------------------------------------------------------------------
 
     async def send(self, request: BenchRequest, unit: UnitRecord) -> Reply:
@@ -180,12 +193,14 @@ class CellRun:
         unit.requests += 1
         request_id = f"{unit.unit_id}.{unit.requests}"
         chat = request.messages is not None
+        wire = WIRES[request.api] if request.api is not None else None
+        endpoint = wire.endpoint if wire is not None else "chat" if chat else "completion"
         record = RequestRecord(
             request_id=request_id,
             unit_id=unit.unit_id,
             target=self.target,
             workload=self.workload,
-            endpoint="chat" if chat else "completion",
+            endpoint=endpoint,
             t_send_s=self.now(),
             max_tokens=request.max_tokens,
             agent_role=request.agent_role,
@@ -198,8 +213,12 @@ class CellRun:
         self.in_flight += 1
         self._tick()
         text = ""
+        response_id: list[str] = []
         try:
-            text = await self._stream(request, record)
+            if wire is not None:
+                text = await self._stream_typed(wire, request, record, response_id)
+            else:
+                text = await self._stream(request, record)
         except asyncio.CancelledError:
             record.error, record.cut = "cancelled at the end of the run", True
             raise
@@ -209,7 +228,9 @@ class CellRun:
                 self.errors += 1
             self.records.append(record)
             self._tick()
-        return Reply(request_id, text, record.ok, record.error)
+        return Reply(
+            request_id, text, record.ok, record.error, response_id[0] if response_id else None
+        )
 
     def _body(self, request: BenchRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -221,6 +242,8 @@ class CellRun:
         }
         if self.options.ignore_eos:
             body["ignore_eos"] = True
+        if request.context_refs:
+            body["hiveroute"] = {"context_refs": list(request.context_refs)}
         if request.messages is not None:
             body["messages"] = request.messages
         else:
@@ -280,6 +303,13 @@ class CellRun:
             record.error = f"timed out after {self.options.request_timeout_s:g}s"
         except aiohttp.ClientError as exc:
             record.error = f"{type(exc).__name__}: {exc}"
+        self._timed(record, start, first, last)
+        return "".join(pieces)
+
+    def _timed(
+        self, record: RequestRecord, start: float, first: float | None, last: float | None
+    ) -> None:
+        """TTFT, TPOT, end-to-end and hand-off time of a finished stream."""
         end = time.perf_counter()
         record.e2e_s = end - start
         if first is not None:
@@ -293,6 +323,71 @@ class CellRun:
         if record.error is None and first is None:
             record.error = "no tokens in the response"
         self._ends[record.request_id] = last if last is not None else end
+
+    async def _stream_typed(
+        self, wire: Wire, request: BenchRequest, record: RequestRecord, response_id: list[str]
+    ) -> str:
+        """A stream of typed SSE events (`event:` then `data:`), read by the API's wire."""
+        base = self.base_urls[self._next_url % len(self.base_urls)]
+        self._next_url += 1
+        record.sent_to = base
+        headers = {"X-Request-Id": record.request_id, **request.headers()}
+        body = wire.body(request, self.model, self.options.temperature)
+        if self.options.ignore_eos:
+            body["ignore_eos"] = True
+        start = time.perf_counter()
+        pieces: list[str] = []
+        first = last = None
+        kind = ""
+        timeout = aiohttp.ClientTimeout(total=self.options.request_timeout_s)
+        try:
+            async with self.http.post(
+                base + wire.path, json=body, headers=headers, timeout=timeout
+            ) as response:
+                record.status = response.status
+                record.engine = response.headers.get("X-Hiveroute-Engine")
+                if response.status >= 400:
+                    record.error = f"HTTP {response.status}: {await _error_text(response)}"
+                    return ""
+                done = False
+                async for raw in response.content:
+                    line = raw.strip()
+                    if line.startswith(b"event:"):
+                        kind = line[6:].strip().decode(errors="replace")
+                        continue
+                    if not line.startswith(b"data:"):
+                        continue
+                    try:
+                        data = json.loads(line[5:].strip())
+                    except ValueError:
+                        record.error = "unparsable stream event"
+                        return ""
+                    if not isinstance(data, dict):
+                        continue
+                    read = wire.read(kind or str(data.get("type", "")), data, record)
+                    if read.error is not None:
+                        record.error = f"error in stream: {read.error}"
+                        return ""
+                    if read.text:
+                        now = time.perf_counter()
+                        if first is None:
+                            first = now
+                        else:
+                            record.itl_s.append(now - (last or now))
+                        last = now
+                        pieces.append(read.text)
+                    if read.response_id:
+                        response_id.append(read.response_id)
+                    if read.done:
+                        done = True
+                        break
+                if not done:
+                    record.error = "stream ended before its last event"
+        except TimeoutError:
+            record.error = f"timed out after {self.options.request_timeout_s:g}s"
+        except aiohttp.ClientError as exc:
+            record.error = f"{type(exc).__name__}: {exc}"
+        self._timed(record, start, first, last)
         return "".join(pieces)
 
 
@@ -303,6 +398,12 @@ class _UnitContext:
 
     async def send(self, request: BenchRequest) -> Reply:
         return await self.run.send(request, self.unit)
+
+    def now(self) -> float:
+        return self.run.now()
+
+    async def control(self, method: str, path: str, body: dict[str, Any] | None = None) -> None:
+        await self.run.control(method, path, body)
 
     async def sleep(self, seconds: float) -> None:
         remaining = self.run.deadline - self.run.now()

@@ -28,7 +28,12 @@ from hiveroute.bench.environment import describe_environment
 from hiveroute.bench.loadsampler import LoadSampler
 from hiveroute.bench.progress import ProgressBar
 from hiveroute.bench.records import LoadSample, RequestRecord, UnitRecord
-from hiveroute.bench.summary import engine_cache_counts, markdown_table, summarize_cell
+from hiveroute.bench.summary import (
+    engine_cache_counts,
+    engine_request_counts,
+    markdown_table,
+    summarize_cell,
+)
 from hiveroute.bench.targets import RunningTarget, TargetSpec, start_target
 from hiveroute.bench.workloads import build_workload
 from hiveroute.bench.workloads.base import Unit
@@ -71,6 +76,7 @@ class _Cell:
     wall_s: float = 0.0
     engine_hits: float = 0.0
     engine_queries: float = 0.0
+    engine_requests: dict[str, float] = field(default_factory=dict)
 
 
 def split_slices(units: list[Unit], slices: int) -> list[list[Unit]]:
@@ -194,6 +200,7 @@ async def run_benchmark(options: RunOptions) -> RunResult:
         summary = summarize_cell(
             cell.records, cell.units, cell.wall_s, (cell.engine_hits, cell.engine_queries)
         )
+        summary["engine_requests"] = dict(sorted(cell.engine_requests.items()))
         summaries.append({"target": cell.target, "workload": cell.workload, **summary})
     table = markdown_table(summaries)
     meta = {
@@ -251,6 +258,8 @@ async def _run_slice(
     hits, queries = engine_cache_counts(sampler.samples)  # per slice: others ran in between
     cell.engine_hits += hits
     cell.engine_queries += queries
+    for engine, done in engine_request_counts(sampler.samples).items():
+        cell.engine_requests[engine] = cell.engine_requests.get(engine, 0.0) + done
 
 
 def _say(options: RunOptions, text: str) -> None:

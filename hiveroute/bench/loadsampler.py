@@ -70,5 +70,6 @@ class LoadSampler:
                 kv_usage=values.get("vllm:kv_cache_usage_perc", 0.0),
                 prefix_queries=values.get("vllm:prefix_cache_queries_total"),
                 prefix_hits=values.get("vllm:prefix_cache_hits_total"),
+                requests_done=values.get("vllm:request_success_total"),
             )
         )

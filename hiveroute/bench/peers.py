@@ -21,8 +21,9 @@ class Peer:
     policies: tuple[str, ...]
     default_policy: str
     log_level: str  # their spelling of "warning" differs
-    # Flags as read off each package's router_args.py: --host --port --worker-urls --policy
-    # --prometheus-port --log-level (both default their metrics port to 29000, so we set it).
+    # Flags as read off each package's router_args.py (and `python -m smg.launch_router --help`
+    # for smg 1.13.0): --host --port --worker-urls --policy --prometheus-host --prometheus-port
+    # --log-level (all default their metrics port to 29000, so we set it).
 
 
 PEERS: dict[str, Peer] = {
@@ -32,6 +33,26 @@ PEERS: dict[str, Peer] = {
         "0.3.2",
         "sglang_router.launch_router",
         ("random", "round_robin", "cache_aware", "power_of_two"),
+        "cache_aware",
+        "warn",
+    ),
+    # SGLang's gateway as its own package (sglang-router's successor); same launcher flags.
+    "smg": Peer(
+        "smg",
+        "smg",
+        "1.13.0",
+        "smg.launch_router",
+        (
+            "random",
+            "round_robin",
+            "passthrough",
+            "cache_aware",
+            "power_of_two",
+            "least_load",
+            "manual",
+            "consistent_hashing",
+            "prefix_hash",
+        ),
         "cache_aware",
         "warn",
     ),

@@ -12,7 +12,7 @@ class RequestRecord:
     unit_id: str
     target: str
     workload: str
-    endpoint: str  # "chat" or "completion"
+    endpoint: str  # "chat", "completion", "responses" or "messages"
     t_send_s: float  # from the start of the cell
     max_tokens: int
     agent_role: str | None = None
@@ -77,6 +77,7 @@ class LoadSample:
     kv_usage: float
     prefix_queries: float | None
     prefix_hits: float | None
+    requests_done: float | None = None  # vllm:request_success_total, all finish reasons
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -94,6 +94,19 @@ def engine_cache_counts(loads: Sequence[LoadSample]) -> tuple[float, float]:
     return hits, queries
 
 
+def engine_request_counts(loads: Sequence[LoadSample]) -> dict[str, float]:
+    """Requests each engine finished over one stretch of samples, by its own counter: what a
+    router sent where, for routers that do not say (peers send no X-Hiveroute-Engine)."""
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for s in loads:
+        if s.requests_done is None:
+            continue
+        first.setdefault(s.engine, s.requests_done)
+        last[s.engine] = s.requests_done
+    return {e: last[e] - first[e] for e in sorted(last)}
+
+
 TABLE_COLUMNS = (
     ("target", "target", "{}"),
     ("workload", "workload", "{}"),

@@ -3,7 +3,8 @@
 - ``hiveroute:POLICY`` - hiveroute's router in a subprocess (``hiveroute serve``); ``best``
   names the most capable policy this build has;
 - ``hiveroute-inproc:POLICY`` - the same router inside the harness's process;
-- ``sglang[:POLICY]`` / ``vllm-router[:POLICY]`` - a peer router, installed on first use;
+- ``sglang[:POLICY]`` / ``smg[:POLICY]`` / ``vllm-router[:POLICY]`` - a peer router, installed
+  on first use (see `peers`);
 - ``engine`` - the first engine directly, no router;
 - ``http://HOST:PORT`` - a deployment already running (a router, or an engine): no engines are
   started for it, requests go to that URL, and the model is the first it lists.
@@ -37,7 +38,7 @@ def best_policy() -> str:
     return next(p for p in POLICY_PREFERENCE if p in BUILTIN_POLICIES)
 
 
-TARGET_KINDS = ("hiveroute", "hiveroute-inproc", "sglang", "vllm-router", "engine")
+TARGET_KINDS = ("hiveroute", "hiveroute-inproc", "sglang", "smg", "vllm-router", "engine")
 URL_KIND = "url"  # a running deployment, given as http(s)://HOST:PORT
 
 

@@ -1,7 +1,8 @@
 """The HTTP face of one simulated engine: vLLM's OpenAI API shapes, plus a small admin API.
 
-vLLM routes: /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize,
-/health, /version, /metrics, /reset_prefix_cache. Simulator admin (JSON):
+vLLM routes: /v1/completions, /v1/chat/completions, /v1/responses (+ GET and cancel by id,
+see responses.py), /v1/messages and /v1/messages/count_tokens (see messages.py), /v1/models,
+/tokenize, /detokenize, /health, /version, /metrics, /reset_prefix_cache. Simulator admin (JSON):
 GET|POST /sim/faults, POST /sim/events/restart, POST /sim/retain, GET /sim/state.
 """
 
@@ -16,24 +17,20 @@ from typing import Any
 
 from aiohttp import web
 
-from hiveroute.errors import BadRequest, HiverouteError, NotFound, error_body
+from hiveroute.errors import BadRequest, HiverouteError, error_body
 from hiveroute.gateway.body import parse_json_object, read_body
 from hiveroute.kvindex.tokenizer import prompt_token_ids
+from hiveroute.sim import messages, responses
 from hiveroute.sim.engine import Output, RequestHandle, SimEngine
+from hiveroute.sim.intake import ENGINE_KEY, MAX_BODY, Plan, admit, check_model
+from hiveroute.sim.intake import json_response as _json
 from hiveroute.sim.requests import sampling_params, stream_options
 
-MAX_BODY = 64 * 1024 * 1024
-INTAKE_MAX_WAIT = 0.002  # seconds a request's intake may wait for a gap between step ends
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-ENGINE_KEY = web.AppKey("engine", SimEngine)
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=json.dumps(data, separators=(",", ":")).encode(),
-        status=status,
-        content_type="application/json",
-    )
+def _failure(message: str, status: int) -> web.Response:
+    return _json(error_body(message, "internal_error"), status=status)
 
 
 def _error(exc: HiverouteError) -> web.Response:
@@ -58,19 +55,6 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return parse_json_object(await read_body(request, MAX_BODY))
 
 
-def _check_model(engine: SimEngine, body: dict[str, Any]) -> str:
-    model = body.get("model")
-    if model is None:
-        return engine.model_name
-    if not isinstance(model, str):
-        raise BadRequest("'model' must be a string", param="model")
-    if model != engine.model_name:
-        raise NotFound(
-            f"The model `{model}` does not exist.", param="model", code="model_not_found"
-        )
-    return model
-
-
 def _usage(handle: RequestHandle, details: bool) -> dict[str, Any]:
     p, c = handle.prompt_tokens, handle.completion_tokens
     return {
@@ -89,18 +73,13 @@ def _request_id(request: web.Request, prefix: str) -> str:
 async def generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     raw = await read_body(request, MAX_BODY)
-    # Requests are taken in one at a time, in arrival order, as vLLM's scheduler sees them. The
-    # intake may wait a moment for a gap between the engines' step ends (see deadlines.py), but
-    # never more than INTAKE_MAX_WAIT: that wait adds to the request's TTFT one for one.
-    async with engine.intake_lock:
-        await engine.board.gap(
-            engine.intake_cost.seconds(len(raw)), latest=time.monotonic() + INTAKE_MAX_WAIT
-        )
-        started = time.perf_counter()
-        body = parse_json_object(raw)
-        model = _check_model(engine, body)
-        stream, include_usage = stream_options(body)
-        path = "/v1/chat/completions" if chat else "/v1/completions"
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    asked: dict[str, Any] = {}
+
+    def plan(body: dict[str, Any]) -> Plan:
+        asked["model"] = check_model(engine, body)
+        stream, asked["include_usage"] = stream_options(body)
+        asked["stream"] = stream
         tokens = prompt_token_ids(engine.tokenizer, path, body)
         params = sampling_params(
             body,
@@ -110,24 +89,19 @@ async def generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
             default_max_tokens=engine.config.default_max_tokens,
             priority_enabled=engine.config.scheduling_policy == "priority",
         )
-        faults = engine.faults
-        if faults.should_fail():
-            return _json(
-                error_body("simulated engine failure (fault knob fail_fraction)", "internal_error"),
-                status=faults.fail_status,
-            )
-        drop_after = faults.drop_after_tokens if stream and faults.should_drop() else None
-        stall_s = faults.stall_first_token_s
-        handle = None if stall_s > 0 else engine.submit(tokens, params)
-        engine.intake_cost.observe(time.perf_counter() - started, len(raw))
-    if handle is None:  # a stalled request must not hold up the ones behind it
-        await asyncio.sleep(stall_s)
-        handle = engine.submit(tokens, params)
+        return Plan(tokens, params, stream)
+
+    admitted = await admit(engine, raw, plan, _failure)
+    if isinstance(admitted, web.Response):
+        return admitted
+    handle, drop_after = admitted.handle, admitted.drop_after
+    model, include_usage = asked["model"], asked["include_usage"]
+    stream: bool = asked["stream"]
     rid = _request_id(request, "chatcmpl" if chat else "cmpl")
     created = int(time.time())
     # The engine keeps its own copy of the prompt; this frame lives as long as the stream, and
     # its lists of ids would be walked by every pass of the garbage collector until then.
-    del raw, body, tokens
+    del raw
     try:
         if stream:
             return await _stream(
@@ -382,7 +356,7 @@ async def models(request: web.Request) -> web.Response:
 async def tokenize(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     body = await _body(request)
-    _check_model(engine, body)
+    check_model(engine, body)
     if "messages" in body:
         add = body.get("add_special_tokens", False)
         if not isinstance(add, bool):
@@ -427,7 +401,7 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     body = await _body(request)
-    _check_model(engine, body)
+    check_model(engine, body)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) for t in tokens
@@ -527,6 +501,8 @@ def build_engine_app(engine: SimEngine) -> web.Application:
     app[ENGINE_KEY] = engine
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    responses.add_routes(app)
+    messages.add_routes(app)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)

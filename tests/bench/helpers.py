@@ -12,25 +12,40 @@ from tests.support.fake_engine import FakeEngine, requested_tokens
 
 
 class RecordingContext:
-    def __init__(self, answer: str = "done ") -> None:
+    """Its clock moves only by `sleep` and by `latency_s` per request sent."""
+
+    def __init__(self, answer: str = "done ", latency_s: float = 0.0) -> None:
         self.answer = answer
+        self.latency_s = latency_s
+        self.clock = 0.0
         self.sent: list[BenchRequest] = []
+        self.sent_at: list[float] = []
         self.slept: list[float] = []
+        self.controls: list[tuple[str, str, dict[str, Any] | None]] = []
 
     async def send(self, request: BenchRequest) -> Reply:
         self.sent.append(request)
+        self.sent_at.append(self.clock)
+        self.clock += self.latency_s
         await asyncio.sleep(0)
         return Reply(f"r{len(self.sent)}", self.answer, True)
 
     async def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
+        self.clock += seconds
         await asyncio.sleep(0)
 
+    def now(self) -> float:
+        return self.clock
 
-async def run_units(units: list[Unit]) -> list[RecordingContext]:
+    async def control(self, method: str, path: str, body: dict[str, Any] | None = None) -> None:
+        self.controls.append((method, path, body))
+
+
+async def run_units(units: list[Unit], latency_s: float = 0.0) -> list[RecordingContext]:
     contexts = []
     for unit in units:
-        ctx = RecordingContext()
+        ctx = RecordingContext(latency_s=latency_s)
         await unit.run(ctx)
         contexts.append(ctx)
     return contexts

@@ -22,6 +22,8 @@ from hiveroute.errors import ConfigError
         ["bench", "run", "--engines", "tpu"],
         ["bench", "compare", "--slices", "0"],
         ["bench", "run", "--sim-option", "novalue"],
+        ["bench", "run", "--system-share", "1.5"],
+        ["bench", "run", "--request-rate", "-3"],
         ["demo", "--num-engines", "0"],
     ],
 )
@@ -44,6 +46,22 @@ def test_argument_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[s
             "given twice",
         ),
         (["bench", "run", "--workload", "trace", "--trace", "/nonexistent.jsonl"], "cannot read"),
+        (
+            ["bench", "run", "--workload", "multiturn", "--system-share", "0.1"],
+            "--system-share needs --conversation-tokens",
+        ),
+        (
+            ["bench", "run", "--workload", "multiturn", "--active-users", "20"],
+            "--active-users and --request-rate go together",
+        ),
+        (
+            ["bench", "run", "--target", "smg", "--context-refs"],
+            "--context-refs needs hiveroute targets (no context API): smg:cache_aware",
+        ),
+        (
+            ["bench", "run", "--context-refs", "--router-replicas", "2"],
+            "--context-refs registers contexts with one router replica only",
+        ),
         (
             ["bench", "run", "--router-replicas", "17"],
             "--router-replicas must be between 1 and 16, got 17",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import aiohttp
 import pytest
 
@@ -163,3 +165,52 @@ async def test_requests_still_running_at_the_end_are_cancelled_as_cut(
     run = await drive(fake_engine, [unit("u", 0, [chat(1)])], duration_s=0.1, grace_s=0.2)
     (record,) = run.records
     assert record.cut and record.error and not run.errors
+
+
+async def test_context_refs_reach_the_engine_as_the_registered_context_first(
+    fake_engine: FakeEngine, tmp_path: object
+) -> None:
+    from pathlib import Path
+
+    from hiveroute.bench.engines import Fleet
+    from hiveroute.bench.targets import TargetSpec, start_target
+    from hiveroute.bench.workloads.agentic import AgenticConfig, AgenticWorkload
+    from hiveroute.bench.workloads.base import GapDistribution
+
+    config = AgenticConfig(
+        workflows=1,
+        fan_out=1,
+        rounds=1,
+        kb_tokens=40,
+        task_tokens=8,
+        role_tokens=6,
+        tool_gap=GapDistribution("const", 0.0),
+        layout="role_first",
+        namespace="runq",
+        context_refs=True,
+    )
+    (unit_,) = list(AgenticWorkload(config).units())
+    fleet = Fleet(specs=[fake_engine.url], urls=[fake_engine.url], kind="fake")
+    target = await start_target(
+        TargetSpec.parse("hiveroute-inproc:round_robin"), fleet, Path(str(tmp_path))
+    )
+    try:
+        async with aiohttp.ClientSession() as http:
+            run = CellRun(
+                http, target.urls, "fake-model", target="t", workload="w", options=DriverOptions()
+            )
+            await run.run([unit_])
+            async with http.get(f"{target.url}/v1/workflows/{unit_.unit_id}") as response:
+                state = (await response.json())["state"]
+    finally:
+        await target.stop()
+    assert [r.ok for r in run.records] == [True] * 4 and not run.units[0].error
+    prewarm, *requests = fake_engine.received  # registering the context pre-warms it
+    assert prewarm["max_tokens"] == 1 and prewarm["messages"][0]["content"].startswith("runq\n")
+    assert len(requests) == 4
+    for body in requests:
+        assert "hiveroute" not in body  # the router expanded the reference
+        system = body["messages"][0]["content"]
+        role = re.search(r"role(planner|executor|validator)", system)
+        assert system.startswith("runq\ntask0x0") and role and role.start() > 40
+    assert state == "ended"  # the workflow was ended when done

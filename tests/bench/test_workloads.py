@@ -164,3 +164,64 @@ def test_gap_samples_are_non_negative_with_about_the_mean(kind: str) -> None:
     samples = [dist.sample(rng) for _ in range(4000)]
     assert min(samples) >= 0
     assert 0.4 < sum(samples) / len(samples) < 0.6
+
+
+async def test_multiturn_system_share_sizes_the_shared_prompt_and_the_conversation() -> None:
+    config = MultiturnConfig(
+        users=2, turns=3, conversation_tokens=2000, system_share=0.25, answer_tokens=40
+    )
+    contexts = await run_units(list(MultiturnWorkload(config).units()))
+    systems = {c.sent[0].messages[0]["content"] for c in contexts}  # type: ignore[index]
+    assert len(systems) == 1 and len(tokens(systems.pop())) == 500
+    # the last turn's prompt is about the conversation's size (the fake answers are short)
+    last = contexts[0].sent[-1].messages
+    words = sum(len(tokens(str(m["content"]))) for m in last)  # type: ignore[union-attr]
+    assert 2000 - 3 * 40 <= words <= 2000
+    none = MultiturnWorkload(MultiturnConfig(users=2, conversation_tokens=2000, system_share=0))
+    firsts = [(await run_units([u]))[0].sent[0].messages for u in none.units()]
+    assert firsts[0][0]["role"] == "user" and firsts[0][0] != firsts[1][0]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"conversation_tokens": 500, "system_share": 0.5, "turns": 10}, "cannot hold"),
+        ({"system_share": 0.1}, "needs --conversation-tokens"),
+        ({"conversation_tokens": 5000, "system_share": 1.0}, r"\[0, 1\)"),
+        ({"active_users": 4}, "go together"),
+    ],
+)
+def test_multiturn_rejects_sizes_and_pacing_that_do_not_fit(kw: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        MultiturnWorkload(MultiturnConfig(**kw))
+
+
+async def test_multiturn_paced_by_request_rate_keeps_slots_and_intervals() -> None:
+    config = MultiturnConfig(users=6, turns=3, active_users=3, request_rate=1.5)
+    units = list(MultiturnWorkload(config).units())
+    # three slots 1/1.5 s apart; a slot's next session starts when the first's 3 turns of
+    # 3/1.5 = 2 s are over
+    assert [u.arrival_s for u in units] == pytest.approx([0, 2 / 3, 4 / 3, 6, 20 / 3, 22 / 3])
+    fast = (await run_units(units[:1], latency_s=0.5))[0]
+    assert fast.sent_at == [0.0, 2.0, 4.0]  # start to start, whatever the latency
+    slow = (await run_units(units[:1], latency_s=3.0))[0]
+    assert slow.sent_at == [0.0, 3.0, 6.0]  # a late answer: the next question right away
+
+
+async def test_context_refs_register_the_context_once_and_reference_it() -> None:
+    workload = small_agentic(layout="role_first", context_refs=True, namespace="runx")
+    unit = next(workload.units())
+    ctx = (await run_units([unit]))[0]
+    workflow, context, end = ctx.controls
+    assert workflow == ("POST", "/v1/workflows", {"id": unit.unit_id, "shared_prefix_layout": True})
+    method, path, body = context
+    assert (method, path) == ("POST", "/v1/contexts")
+    assert body is not None and body["workflow_id"] == unit.unit_id
+    assert body["text"].startswith("runx\n") and len(tokens(body["text"])) >= 400 + 40
+    assert end == ("DELETE", f"/v1/workflows/{unit.unit_id}", None)
+    for request in ctx.sent:
+        assert request.context_refs == [body["id"]]
+        system = request.messages[0]["content"]  # type: ignore[index]
+        assert body["text"] not in system and len(tokens(system)) < 60  # the role prompt only
+    inline = (await run_units([next(small_agentic(layout="role_first").units())]))[0]
+    assert inline.controls == [] and all(r.context_refs == [] for r in inline.sent)

@@ -15,7 +15,7 @@ from openai import AsyncOpenAI, BadRequestError, NotFoundError
 
 from hiveroute.engines.prom_text import parse_prometheus_text
 from hiveroute.sim.engine import RequestHandle
-from hiveroute.sim.server import INTAKE_MAX_WAIT
+from hiveroute.sim.intake import INTAKE_MAX_WAIT
 from tests.sim.conftest import FleetFactory
 
 PROMPT = "the planner writes a plan and the executor runs the tools " * 6

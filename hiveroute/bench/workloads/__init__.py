@@ -6,10 +6,15 @@ from __future__ import annotations
 import argparse
 from types import ModuleType
 
-from hiveroute.bench.workloads import agentic, multiturn, trace
+from hiveroute.bench.workloads import agentic, agentloop, multiturn, trace
 from hiveroute.bench.workloads.base import Workload
 
-WORKLOADS: dict[str, ModuleType] = {"agentic": agentic, "multiturn": multiturn, "trace": trace}
+WORKLOADS: dict[str, ModuleType] = {
+    "agentic": agentic,
+    "agentloop": agentloop,
+    "multiturn": multiturn,
+    "trace": trace,
+}
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,6 +5,11 @@ tool between its model calls) → validator. Every agent sees the workflow's sha
 and a knowledge base) plus its own system prompt and its own growing history. The `layout` switch
 puts the shared context first (agents of a workflow share a long prefix) or each agent's role
 first (agents share only their role's prompt across workflows): issue 6 compares the two.
+
+With `context_refs` (hiveroute targets only) a workflow registers its shared context once with
+the router (a workflow with the shared-prefix layout, and the context scoped to it), each request
+references it (``hiveroute.context_refs``) instead of carrying its text, and the router puts it
+first in every prompt of the workflow; the workflow is ended when it is done.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class AgenticConfig:
     layout: str = "context_first"
     seed: int = 0
     namespace: str = ""  # a word put first in every prompt, to keep runs' caches apart
+    context_refs: bool = False
 
     def requests_per_workflow(self) -> int:
         return self.rounds * (2 + self.fan_out * (self.tool_calls + 1))
@@ -110,9 +116,20 @@ class _WorkflowProgram:
             base += "\n" + labelled_filler(f"specialty{agent.replace('-', '')}", 16, "agent", agent)
         return base
 
+    @property
+    def context_id(self) -> str:
+        return f"{self.workflow_id}-context"
+
+    def registered_context(self) -> str:
+        """The context as registered (the run's namespace first, as in an inline prompt)."""
+        lead = (self.c.namespace + "\n") if self.c.namespace else ""
+        return lead + self.context
+
     def system(self, role: str, agent: str) -> str:
         lead = (self.c.namespace + "\n") if self.c.namespace else ""
         role_text = self.role_prompt(role, agent)
+        if self.c.context_refs:
+            return role_text  # the router puts the registered context (and namespace) first
         if self.c.layout == "context_first":
             return f"{lead}{self.context}\n{role_text}"
         return f"{lead}{role_text}\n{self.context}"
@@ -137,12 +154,32 @@ class _WorkflowProgram:
             stage=stage,
             parents=list(parents),
             planned_gap_s=gap,
+            context_refs=[self.context_id] if self.c.context_refs else [],
         )
 
     def instruction(self, label: str, *key: object) -> str:
         return labelled_filler(label, self.c.step_tokens, self.c.seed, self.index, *key)
 
     async def run(self, ctx: UnitContext) -> None:
+        if not self.c.context_refs:
+            await self._rounds(ctx)
+            return
+        await ctx.control(
+            "POST", "/v1/workflows", {"id": self.workflow_id, "shared_prefix_layout": True}
+        )
+        await ctx.control(
+            "POST",
+            "/v1/contexts",
+            {
+                "id": self.context_id,
+                "text": self.registered_context(),
+                "workflow_id": self.workflow_id,
+            },
+        )
+        await self._rounds(ctx)
+        await ctx.control("DELETE", f"/v1/workflows/{self.workflow_id}")
+
+    async def _rounds(self, ctx: UnitContext) -> None:
         c = self.c
         planner: list[Message] = []
         validator: list[Message] = []
@@ -285,6 +322,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.layout,
         help="prompt layout: shared context first, or each agent's role first",
     )
+    g.add_argument(
+        "--context-refs",
+        action="store_true",
+        help="hiveroute targets only: register each workflow's shared context once (a workflow "
+        "with the shared-prefix layout) and reference it from every request instead of sending "
+        "its text; the router puts it first in every prompt",
+    )
 
 
 def from_args(args: argparse.Namespace, seed: int, namespace: str) -> AgenticWorkload:
@@ -307,5 +351,6 @@ def from_args(args: argparse.Namespace, seed: int, namespace: str) -> AgenticWor
             layout=args.layout,
             seed=seed,
             namespace=namespace,
+            context_refs=args.context_refs,
         )
     )

@@ -23,11 +23,21 @@ Message = dict[str, Any]
 
 @dataclass
 class BenchRequest:
-    """One request a unit wants sent: chat `messages` or a completion `prompt`."""
+    """One request a unit wants sent: chat `messages` or a completion `prompt`; with `api`
+    "responses" (`input_items`, `instructions`, `previous_response_id`) or "messages"
+    (Anthropic `messages` and `system`), through that API instead (see bench/apis.py)."""
 
     max_tokens: int
     messages: list[Message] | None = None
     prompt: str | None = None
+    api: str | None = None
+    input_items: list[Message] | str | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    system: str | list[Message] | None = None
+    # the identity headers the agent itself sends (Claude Code's, Codex's, ...), instead of
+    # hiveroute's metadata headers; the fields above still label the request in the report
+    identity_headers: dict[str, str] | None = None
     workflow_id: str | None = None
     agent_id: str | None = None
     agent_role: str | None = None
@@ -35,9 +45,13 @@ class BenchRequest:
     stage: str | None = None
     parents: list[str] = field(default_factory=list)  # request ids this one hands off from
     planned_gap_s: float = 0.0  # deliberate wait (tool call, think time) before it was sent
+    context_refs: list[str] = field(default_factory=list)  # hiveroute's shared contexts
 
     def headers(self) -> dict[str, str]:
-        """The DESIGN.md metadata headers; peers' routers pass or ignore headers harmlessly."""
+        """The DESIGN.md metadata headers (or the agent's own identity headers); peers' routers
+        pass or ignore headers harmlessly."""
+        if self.identity_headers is not None:
+            return dict(self.identity_headers)
         pairs = {
             "X-Workflow-Id": self.workflow_id,
             "X-Agent-Id": self.agent_id,
@@ -57,6 +71,7 @@ class Reply:
     text: str
     ok: bool
     error: str | None = None
+    response_id: str | None = None  # the Responses API's id, for `previous_response_id`
 
 
 class UnitFailed(Exception):
@@ -67,6 +82,15 @@ class UnitContext(Protocol):
     async def send(self, request: BenchRequest) -> Reply: ...
 
     async def sleep(self, seconds: float) -> None: ...
+
+    def now(self) -> float:
+        """Seconds since the run started (for pacing a unit's steps)."""
+        ...
+
+    async def control(self, method: str, path: str, body: dict[str, Any] | None = None) -> None:
+        """A call to the target's control API (hiveroute's /v1/workflows, /v1/contexts), not
+        measured as a request; raises `UnitFailed` if it fails."""
+        ...
 
 
 @dataclass
@@ -195,6 +219,14 @@ def positive_float(text: str) -> float:
     value = non_negative_float(text)
     if value == 0:
         raise argparse.ArgumentTypeError("expected a number > 0")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A share in [0, 1)."""
+    value = non_negative_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a share from 0 to below 1, got {text}")
     return value
 
 
