@@ -148,25 +148,13 @@ async def wait_http(url: str, timeout_s: float = 60) -> None:
 # --- peer routers -------------------------------------------------------------------------
 
 
-def _peer(name: str):  # type: ignore[no-untyped-def]
-    from hiveroute.bench.peers import PEERS, Peer
-
-    if name in PEERS:
-        return PEERS[name]
-    if name == "smg":  # until hiveroute.bench.peers lists it (branch i22bench adds it)
-        return Peer(
-            "smg", "smg", "1.13.0", "smg.launch_router", ("cache_aware",), "cache_aware", "warn"
-        )
-    raise ValueError(f"unknown peer {name!r}")
-
-
 async def peer_command(
     name: str, engine_urls: list[str], port: int, policy: str | None, logs: Path
 ) -> list[str]:
     """A peer router's command line, installed once into its own venv by hiveroute.bench.peers."""
-    from hiveroute.bench.peers import ensure_peer, peer_argv
+    from hiveroute.bench.peers import PEERS, ensure_peer, peer_argv
 
-    peer = _peer(name)
+    peer = PEERS[name]
     python = await ensure_peer(peer, logs / f"{name}-install.log")
     return peer_argv(peer, python, port, free_port(), engine_urls, policy or peer.default_policy)
 
