@@ -1,12 +1,14 @@
 """What the router adds: the same requests sent to an engine directly and through routers.
 
-    python benchmarks/gateway_overhead.py [--quick] [--peers sglang]
+    python -m benchmarks.gateway_overhead [--quick] [--peers sglang,smg] [--bodies tiny,agentic]
 
 The engine is a minimal OpenAI-shaped server (instant answers, or a stream of N chunks), so
 what is measured is the router, not a model. Pinned to cores where the machine has two: the
 router under test gets core 1 alone ("on one core"); the engine and this load generator share
 core 0. Targets are interleaved per (mode, concurrency) cell, so a noisy neighbour hits all of
-them alike. Prints a table and writes benchmarks/results/gateway_overhead.{md,json}.
+them alike. hiveroute is measured at `round_robin` with a 2-token prompt (the router's floor)
+and at its default policy `workflow` (and `round_robin`) with 4,000-word agentic bodies. Prints
+a table and writes benchmarks/results/gateway_overhead.{md,json}.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,15 @@ from typing import Any
 
 import aiohttp
 
+from benchmarks.agentic_bodies import agentic_bodies
+from benchmarks.instant_engine import (
+    peer_command,
+    pin,
+    start,
+    start_engine,
+    stop_all,
+    wait_http,
+)
 from hiveroute import runtime
 from hiveroute.runtime import free_port
 
@@ -34,81 +44,11 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-# --- the engine ---------------------------------------------------------------------------
-
-
-def serve_engine(port: int, chunks: int) -> None:
-    from aiohttp import web
-
-    whole = json.dumps({
-        "id": "cmpl-1", "object": "text_completion", "model": "m",
-        "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9},
-    }).encode()  # fmt: skip
-    chunk = b'data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"tok "}]}\n\n'
-    models = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode()
-
-    async def completion(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        if not body.get("stream"):
-            return web.Response(body=whole, content_type="application/json")
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for _ in range(chunks):
-            await response.write(chunk)
-            await asyncio.sleep(0)  # one chunk per event-loop turn, as an engine's steps are
-        await response.write(b"data: [DONE]\n\n")
-        return response
-
-    async def ok(request: web.Request) -> web.Response:
-        return web.Response(body=models, content_type="application/json")
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", completion)
-    app.router.add_get("/v1/models", ok)
-    app.router.add_get("/health", ok)
-    app.router.add_get("/metrics", metrics)
-    runtime.use_fastest_event_loop()
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, backlog=4096)
-
-
-# --- processes ----------------------------------------------------------------------------
-
-
-def pin(core: int) -> None:
-    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > core:
-        os.sched_setaffinity(0, {core})
-
-
-def start(cmd: list[str], core: int, log: Path) -> subprocess.Popen[bytes]:
-    out = open(log, "wb")
-    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=lambda: pin(core))
-
-
-async def wait_http(url: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            try:
-                async with http.get(url, timeout=aiohttp.ClientTimeout(total=2)) as r:
-                    if r.status < 500:
-                        return
-            except (aiohttp.ClientError, TimeoutError):
-                pass
-            await asyncio.sleep(0.2)
-    raise TimeoutError(f"{url} did not come up")
-
-
-async def sglang_router_command(engine_url: str, port: int, logs: Path) -> list[str]:
-    """SGLang's router, installed once into its own venv by hiveroute.bench.peers."""
-    from hiveroute.bench.peers import PEERS, ensure_peer, peer_argv
-
-    peer = PEERS["sglang"]
-    python = await ensure_peer(peer, logs / "sglang-install.log")
-    return peer_argv(peer, python, port, free_port(), [engine_url], "round_robin")
+async def peer_router(name: str, engine_url: str, logs: Path) -> tuple[list[str], str]:
+    """A peer router's command and URL, at round_robin as hiveroute's first row."""
+    port = free_port()
+    cmd = await peer_command(name, [engine_url], port, "round_robin", logs)
+    return cmd, f"http://127.0.0.1:{port}"
 
 
 # --- load -----------------------------------------------------------------------------------
@@ -117,6 +57,7 @@ async def sglang_router_command(engine_url: str, port: int, logs: Path) -> list[
 @dataclass
 class Cell:
     target: str
+    body: str
     mode: str
     concurrency: int
     requests: int
@@ -130,8 +71,8 @@ class Cell:
         lat = sorted(self.latencies_ms)
         ttft = sorted(self.ttfts_ms)
         return {
-            "target": self.target, "mode": self.mode, "concurrency": self.concurrency,
-            "requests": self.requests, "errors": self.errors,
+            "target": self.target, "body": self.body, "mode": self.mode,
+            "concurrency": self.concurrency, "requests": self.requests, "errors": self.errors,
             "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
             "ttft_p50_ms": pct(ttft, 50) if ttft else None, "ttft_p99_ms": pct(ttft, 99) if ttft else None,
             "req_per_s": self.requests / self.seconds, "chunks_per_s": self.chunks / self.seconds,
@@ -145,11 +86,28 @@ def pct(values: list[float], q: float) -> float:
     return values[index]
 
 
-async def run_cell(url: str, target: str, mode: str, concurrency: int, total: int) -> Cell:
+Request = tuple[str, bytes, dict[str, str]]  # path, body, headers
+
+
+def requests_for(body: str, stream: bool) -> list[Request]:
+    """`tiny`: a 2-token completion; `agentic`: 4,000-word agentic chat bodies."""
+    if body == "tiny":
+        data = json.dumps({"model": "m", "prompt": "hello", "max_tokens": 16, "stream": stream})
+        return [("/v1/completions", data.encode(), {"Content-Type": "application/json"})]
+    out = []
+    for data, headers in agentic_bodies(4000, 64):
+        if stream:
+            data = data.replace(b'"stream": false', b'"stream": true')
+        out.append(("/v1/chat/completions", data, headers))
+    return out
+
+
+async def run_cell(
+    url: str, target: str, body: str, mode: str, concurrency: int, total: int
+) -> Cell:
     stream = mode == "stream"
-    body = json.dumps({"model": "m", "prompt": "hello", "max_tokens": 16, "stream": stream})
-    headers = {"Content-Type": "application/json"}
-    cell = Cell(target, mode, concurrency, total, 0.0)
+    reqs = requests_for(body, stream)
+    cell = Cell(target, body, mode, concurrency, total, 0.0)
     remaining = total
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
@@ -158,11 +116,10 @@ async def run_cell(url: str, target: str, mode: str, concurrency: int, total: in
             nonlocal remaining
             while remaining > 0:
                 remaining -= 1
+                path, data, headers = reqs[remaining % len(reqs)]
                 t0 = time.perf_counter()
                 try:
-                    async with http.post(
-                        f"{url}/v1/completions", data=body, headers=headers
-                    ) as resp:
+                    async with http.post(f"{url}{path}", data=data, headers=headers) as resp:
                         if stream:
                             first = True
                             async for line in resp.content:
@@ -189,103 +146,103 @@ async def main_async(args: argparse.Namespace) -> int:
     pin(0)
     logs = Path(args.log_dir)
     logs.mkdir(parents=True, exist_ok=True)
-    engine_port, router_port = free_port(), free_port()
+    engine_port = free_port()
     engine_url = f"http://127.0.0.1:{engine_port}"
-    procs = [
-        start(
-            [
-                sys.executable,
-                __file__,
-                "--serve-engine",
-                str(engine_port),
-                "--chunks",
-                str(args.chunks),
-            ],
-            0,
-            logs / "engine.log",
-        )
-    ]
+    procs = [start_engine(engine_port, args.chunks, (0,), logs / "engine.log")]
     targets = {"direct": engine_url}
+    cells: list[Cell] = []
     try:
         await wait_http(f"{engine_url}/health")
-        router_cmd = [sys.executable, "-m", "hiveroute", "serve", "--engine", engine_url, "--host", "127.0.0.1",
-                      "--port", str(router_port), "--policy", "round_robin", "--health-interval-s", "5"]  # fmt: skip
-        procs.append(start(router_cmd, 1, logs / "hiveroute.log"))
-        targets["hiveroute"] = f"http://127.0.0.1:{router_port}"
-        await wait_http(f"{targets['hiveroute']}/health")
-        if "sglang" in args.peers:
-            sg_port = free_port()
-            cmd = await sglang_router_command(engine_url, sg_port, logs)
-            procs.append(start(cmd, 1, logs / "sglang-router.log"))
-            targets["sglang"] = f"http://127.0.0.1:{sg_port}"
-            await wait_http(f"{targets['sglang']}/health", timeout_s=120)
-        cells: list[Cell] = []
+        for policy in ("round_robin", "workflow"):
+            port = free_port()
+            router_cmd = [sys.executable, "-m", "hiveroute", "serve", "--engine", engine_url, "--host", "127.0.0.1",
+                          "--port", str(port), "--policy", policy, "--health-interval-s", "5",
+                          "--log-level", "warning"]  # fmt: skip
+            procs.append(start(router_cmd, (1,), logs / f"hiveroute-{policy}.log"))
+            targets[f"hiveroute:{policy}"] = f"http://127.0.0.1:{port}"
+            await wait_http(f"http://127.0.0.1:{port}/health")
+        for peer in args.peers:
+            cmd, url = await peer_router(peer, engine_url, logs)
+            procs.append(start(cmd, (1,), logs / f"{peer}-router.log"))
+            targets[peer] = url
+            await wait_http(f"{url}/health", timeout_s=120)
         plan = [(1, args.n1), (64, args.n64), (512, args.n512)]
-        for mode in ("whole", "stream"):
-            for concurrency, total in plan:
-                for target, url in targets.items():  # interleaved: warm-up then measure
-                    await run_cell(url, target, mode, concurrency, max(concurrency, total // 10))
-                    cell = await run_cell(url, target, mode, concurrency, total)
-                    cells.append(cell)
-                    s = cell.summary()
-                    print(f"{mode:6} c={concurrency:<4} {target:10} p50={s['p50_ms']:8.3f} ms  p99={s['p99_ms']:8.3f} ms  "
-                          f"{s['req_per_s']:9.1f} req/s  {s['chunks_per_s']:10.1f} chunks/s  errors={cell.errors}", file=sys.stderr)  # fmt: skip
+        for body in args.bodies:
+            for mode in ("whole", "stream"):
+                for concurrency, total in plan:
+                    total = total if body == "tiny" else max(concurrency, total // 4)
+                    for target, url in targets.items():  # interleaved: warm-up then measure
+                        if body == "tiny" and target == "hiveroute:workflow":
+                            continue
+                        await run_cell(
+                            url, target, body, mode, concurrency, max(concurrency, total // 10)
+                        )
+                        cell = await run_cell(url, target, body, mode, concurrency, total)
+                        cells.append(cell)
+                        s = cell.summary()
+                        print(f"{body:7} {mode:6} c={concurrency:<4} {target:20} p50={s['p50_ms']:8.3f} ms  p99={s['p99_ms']:8.3f} ms  "
+                              f"{s['req_per_s']:9.1f} req/s  {s['chunks_per_s']:10.1f} chunks/s  errors={cell.errors}", file=sys.stderr)  # fmt: skip
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=20)
+        stop_all(procs)
     write_report(args, [c.summary() for c in cells], list(targets))
     return 0
 
 
 def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], targets: list[str]) -> None:
-    by = {(r["target"], r["mode"], r["concurrency"]): r for r in rows}
+    by = {(r["body"], r["target"], r["mode"], r["concurrency"]): r for r in rows}
     lines = [
         "# Gateway overhead",
         "",
         f"- date: {datetime.now(UTC).isoformat(timespec='seconds')}",
         f"- machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, Python {platform.python_version()}",
-        f"- command: `{' '.join(shlex.quote(a) for a in sys.argv)}`",
-        "- engine: instant OpenAI-shaped server (stream: "
+        f"- command: `python -m benchmarks.gateway_overhead {' '.join(shlex.quote(a) for a in sys.argv[1:])}`",
+        "- engine: instant OpenAI-shaped server (benchmarks.instant_engine; stream: "
         f"{args.chunks} chunks); routers pinned to core 1, engine and load generator to core 0",
+        '- bodies: `tiny` is a 2-token completion (`"prompt": "hello"`); `agentic` are '
+        "4,000-word agentic chat bodies (a workflow's shared context + an agent's own message, "
+        "benchmarks.agentic_bodies), a quarter as many requests per cell",
+        "- peers at `round_robin`",
         "",
         "Added latency is the router's percentile minus the direct percentile in the same cell.",
         "",
-        "| mode | clients | target | p50 ms | p99 ms | added p50 ms | added p99 ms | TTFT p50 ms | req/s | chunks/s | errors |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| body | mode | clients | target | p50 ms | p99 ms | added p50 ms | added p99 ms | TTFT p50 ms | req/s | chunks/s | errors |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for mode in ("whole", "stream"):
-        for concurrency in (1, 64, 512):
-            direct = by.get(("direct", mode, concurrency))
-            for target in targets:
-                r = by.get((target, mode, concurrency))
-                if r is None or direct is None:
-                    continue
-                added50 = r["p50_ms"] - direct["p50_ms"]
-                added99 = r["p99_ms"] - direct["p99_ms"]
-                ttft = f"{r['ttft_p50_ms']:.3f}" if r["ttft_p50_ms"] is not None else "-"
-                lines.append(
-                    f"| {mode} | {concurrency} | {target} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
-                    f"{added50 if target != 'direct' else 0:.3f} | {added99 if target != 'direct' else 0:.3f} | "
-                    f"{ttft} | {r['req_per_s']:.0f} | {r['chunks_per_s']:.0f} | {r['errors']} |"
-                )
-    if "sglang" in targets:
-        lines += [
-            "",
-            "Ratios hiveroute / sglang (lower added latency is better; higher throughput is better):",
-            "",
-        ]
+    for body in args.bodies:
         for mode in ("whole", "stream"):
             for concurrency in (1, 64, 512):
-                h, s, d = (
-                    by.get((t, mode, concurrency)) for t in ("hiveroute", "sglang", "direct")
-                )
-                if h and s and d:
+                direct = by.get((body, "direct", mode, concurrency))
+                for target in targets:
+                    r = by.get((body, target, mode, concurrency))
+                    if r is None or direct is None:
+                        continue
+                    added50 = r["p50_ms"] - direct["p50_ms"]
+                    added99 = r["p99_ms"] - direct["p99_ms"]
+                    ttft = f"{r['ttft_p50_ms']:.3f}" if r["ttft_p50_ms"] is not None else "-"
                     lines.append(
-                        f"- {mode}, {concurrency} clients: added p50 {h['p50_ms'] - d['p50_ms']:.3f} ms vs "
-                        f"{s['p50_ms'] - d['p50_ms']:.3f} ms; throughput ratio {h['req_per_s'] / s['req_per_s']:.2f}"
+                        f"| {body} | {mode} | {concurrency} | {target} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
+                        f"{added50 if target != 'direct' else 0:.3f} | {added99 if target != 'direct' else 0:.3f} | "
+                        f"{ttft} | {r['req_per_s']:.0f} | {r['chunks_per_s']:.0f} | {r['errors']} |"
                     )
+    for peer in args.peers:
+        lines += [
+            "",
+            f"Ratios hiveroute / {peer} (lower added latency is better; higher throughput is better):",
+            "",
+        ]
+        for body in args.bodies:
+            for hive in ("hiveroute:round_robin", "hiveroute:workflow"):
+                for mode in ("whole", "stream"):
+                    for concurrency in (1, 64, 512):
+                        h, s, d = (
+                            by.get((body, t, mode, concurrency)) for t in (hive, peer, "direct")
+                        )
+                        if h and s and d:
+                            lines.append(
+                                f"- {body}, {hive}, {mode}, {concurrency} clients: added p50 "
+                                f"{h['p50_ms'] - d['p50_ms']:.3f} ms vs {s['p50_ms'] - d['p50_ms']:.3f} ms; "
+                                f"throughput ratio {h['req_per_s'] / s['req_per_s']:.2f}"
+                            )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "gateway_overhead.md").write_text("\n".join(lines) + "\n")
     (RESULTS / "gateway_overhead.json").write_text(
@@ -299,21 +256,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--serve-engine", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--chunks", type=int, default=32, help="chunks per streamed response")
     parser.add_argument("--n1", type=int, default=1000, help="requests at 1 client")
     parser.add_argument("--n64", type=int, default=10000, help="requests at 64 clients")
     parser.add_argument("--n512", type=int, default=20000, help="requests at 512 clients")
     parser.add_argument("--quick", action="store_true", help="a tenth of the requests")
-    parser.add_argument("--peers", default="", help="comma list of peer routers to include: sglang")
+    parser.add_argument("--bodies", default="tiny,agentic", help="comma list: tiny, agentic")
+    parser.add_argument("--peers", default="", help="comma list of peer routers: sglang, smg")
     parser.add_argument("--log-dir", default="/tmp/hiveroute-gateway-bench")
     args = parser.parse_args()
-    if args.serve_engine:
-        serve_engine(args.serve_engine, args.chunks)
-        return 0
     if args.quick:
         args.n1, args.n64, args.n512 = args.n1 // 10, args.n64 // 10, args.n512 // 10
     args.peers = [p for p in args.peers.split(",") if p]
+    args.bodies = [b for b in args.bodies.split(",") if b]
     runtime.use_fastest_event_loop()
     return asyncio.run(main_async(args))
 

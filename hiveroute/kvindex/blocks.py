@@ -1,11 +1,21 @@
 """Chained block keys computed from token ids, the router's own names for KV blocks.
 
 An engine names a block by a hash that depends on its PYTHONHASHSEED and hash algorithm, so the
-router cannot recompute it. It computes its own key instead: block i's key hashes block i-1's key
-with block i's token ids. The same key therefore means the same tokens *and* everything before
-them, exactly the condition under which an engine can reuse the block. A request's cache_salt is
-mixed into the first block, as vLLM does, so tenants with different salts never share a key.
-Keys depend on the block size: an engine with 16-token blocks and one with 128 have different keys.
+router cannot recompute it. It computes its own key instead: block i's key depends on block i's
+token ids and on block i-1's key. The same key therefore means the same tokens *and* everything
+before them, exactly the condition under which an engine can reuse the block. A request's
+cache_salt is mixed into the chain's start, as vLLM does, so tenants with different salts never
+share a key. Keys depend on the block size: an engine with 16-token blocks and one with 128 have
+different keys.
+
+Every request's prompt is keyed (thousands of blocks a second on agentic traffic), so the keys
+are computed in numpy, not block by block in Python: each token is mixed with its position in
+its block (splitmix64's finaliser), a block's hash is the mix of the sum of its tokens' mixes,
+and the chain is a polynomial over the blocks' hashes modulo 2**64,
+``key[i] = key[i-1] * P + hash[i]``, which numpy evaluates for all blocks at once as
+``P**i * cumsum(hash[j] * P**-j)`` (P is odd, so invertible modulo 2**64). Not a cryptographic
+hash: a collision can only mislead routing (the engine checks its own hashes), and salts are
+HMACs a client cannot choose.
 """
 
 from __future__ import annotations
@@ -17,14 +27,44 @@ import numpy as np
 
 BlockKey = int
 
-_ROOT = b"hiveroute-kv-v1"
+_ROOT = b"hiveroute-kv-v2"
+_MASK = (1 << 64) - 1
+_P = 0x9E3779B97F4A7C15  # odd: invertible modulo 2**64
+_P_INV = pow(_P, -1, 1 << 64)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_powers: dict[bool, np.ndarray] = {}  # P**i and P**-i for i < len, grown on demand
 
 
-def root_key(salt: str | None = None) -> bytes:
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, element-wise on uint64 (wrapping multiplication)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def _power_table(inverse: bool, count: int) -> np.ndarray:
+    table = _powers.get(inverse)
+    if table is None or len(table) < count + 1:
+        size = max(count + 1, 2 * len(table) if table is not None else 1024)
+        base = _P_INV if inverse else _P
+        values = [1] * size
+        for i in range(1, size):
+            values[i] = values[i - 1] * base & _MASK
+        table = _powers[inverse] = np.array(values, dtype=np.uint64)
+    return table[: count + 1]
+
+
+def root_key(salt: str | None = None) -> int:
     """The chain's starting point: a constant, or the salt's hash when the request has one."""
-    if not salt:
-        return _ROOT
-    return hashlib.blake2b(salt.encode(), digest_size=8, key=_ROOT).digest()
+    digest = hashlib.blake2b((salt or "").encode(), digest_size=8, key=_ROOT).digest()
+    return int.from_bytes(digest, "big")
+
+
+_PLAIN_ROOT = root_key(None)
 
 
 def block_keys(
@@ -40,13 +80,14 @@ def block_keys(
     count = len(token_ids) // block_size
     if count == 0:
         return []
-    data = np.asarray(token_ids[: count * block_size], dtype=np.int64).astype("<u4").tobytes()
-    stride = block_size * 4
-    prev = parent.to_bytes(8, "big") if parent is not None else root_key(salt)
-    keys: list[BlockKey] = []
-    blake = hashlib.blake2b
-    for i in range(count):
-        digest = blake(data[i * stride : (i + 1) * stride], digest_size=8, key=prev).digest()
-        keys.append(int.from_bytes(digest, "big"))
-        prev = digest
-    return keys
+    tokens = np.asarray(token_ids[: count * block_size], dtype=np.int64).astype(np.uint64)
+    blocks = tokens.reshape(count, block_size)
+    positions = np.arange(1, block_size + 1, dtype=np.uint64) * _GOLDEN + np.uint64(block_size)
+    hashes = _mix(_mix(blocks ^ positions).sum(axis=1, dtype=np.uint64))
+    start = parent if parent is not None else (root_key(salt) if salt else _PLAIN_ROOT)
+    up, down = _power_table(False, count), _power_table(True, count)
+    # key[i] = start * P**(i+1) + sum_{j<=i} hash[j] * P**(i-j)
+    keys = up[:count] * np.cumsum(hashes * down[:count], dtype=np.uint64)
+    keys = keys + np.uint64(start) * up[1 : count + 1]
+    result: list[BlockKey] = keys.tolist()
+    return result

@@ -246,13 +246,25 @@ class KvIndex:
         now = self.clock()
         expiry = now + ttl
         self._sweep(now)
+        blocks, queue = self._blocks, self._expiries
+        move_to_end = blocks.move_to_end
+        # Agents resend long shared prefixes: most keys are here already, speculated on this
+        # engine by a sibling. Those only get a later expiry; their record in the queue (the
+        # sweep re-queues a record whose block was refreshed) stays, so a shared block costs
+        # one queue record per TTL, not one per request.
         for key in keys:
-            entry = self._touch(key)
+            entry = blocks.get(key)
+            if entry is None:
+                entry = blocks[key] = _Block()
+            else:
+                move_to_end(key)
             held = entry.holders.get(engine)
             if held is not None and GPU in held:
                 continue  # confirmed already
+            previous = entry.spec.get(engine)
             entry.spec[engine] = expiry
-            self._expiries.append((expiry, key, engine))
+            if previous is None or previous <= now:
+                queue.append((expiry, key, engine))
         self._enforce_cap()
 
     def add_speculative_tokens(
@@ -276,13 +288,18 @@ class KvIndex:
 
     def _sweep(self, now: float) -> None:
         limit = 4 * self.max_blocks
-        while self._expiries and (self._expiries[0][0] <= now or len(self._expiries) > limit):
-            _, key, engine = self._expiries.popleft()
+        queue = self._expiries
+        while queue and (queue[0][0] <= now or len(queue) > limit):
+            due, key, engine = queue.popleft()
             entry = self._blocks.get(key)
             if entry is None:
                 continue
             expiry = entry.spec.get(engine)
-            if expiry is not None and expiry <= now:
+            if expiry is None:
+                continue
+            if expiry > now and due <= now:  # refreshed since: follow it to its new expiry
+                queue.append((expiry, key, engine))
+            elif expiry <= now or due > now:  # expired, or over the queue's bound: forget it
                 del entry.spec[engine]
                 self._drop_if_empty(key, entry)
 

@@ -90,7 +90,11 @@ class PrefixEncodeCache:
         candidates = self._entries.get(probe, [])
         best: _Entry | None = None
         best_common = 0
-        for entry in candidates:
+        for entry in reversed(candidates):  # newest first: it usually shares the most
+            # only an entry that shares one character more than the best so far can beat it
+            # (one comparison, not a binary search, for each of a workflow's many entries)
+            if best is not None and not _shares(entry.text, text, best_common + 1):
+                continue
             common = _common_prefix(entry.text, text)
             if common > best_common:
                 best, best_common = entry, common
@@ -125,6 +129,11 @@ class PrefixEncodeCache:
             self._count -= 1
             if not oldest:
                 del self._entries[oldest_probe]
+
+
+def _shares(a: str, b: str, n: int) -> bool:
+    """Whether a and b have the same first n characters."""
+    return len(a) >= n and len(b) >= n and a[:n] == b[:n]
 
 
 def _common_prefix(a: str, b: str) -> int:

@@ -60,5 +60,23 @@ def request_block_keys(
     by_size: dict[int, list[BlockKey]] = state.setdefault(BLOCK_KEYS_KEY, {})
     keys = by_size.get(block_size)
     if keys is None:
-        keys = by_size[block_size] = block_keys(tokens, block_size, salt=cache_salt(request))
+        keys = by_size[block_size] = _memo_keys(request, tokens, block_size)
+    return keys
+
+
+def prompt_block_keys(
+    request: RoutingRequest, tokenizer: Tokenizer, block_size: int
+) -> list[BlockKey] | None:
+    """The prompt's block keys, computed once per request and block size (`request.memo`), so
+    workflow accounting after the response reuses the keys routing computed; None when the
+    prompt cannot be tokenized here."""
+    tokens = prompt_tokens_of(request, tokenizer)
+    return None if tokens is None else _memo_keys(request, tokens, block_size)
+
+
+def _memo_keys(request: RoutingRequest, tokens: list[int], block_size: int) -> list[BlockKey]:
+    key = f"block_keys:{block_size}:{len(tokens)}"
+    keys: list[BlockKey] | None = request.memo.get(key)
+    if keys is None:
+        keys = request.memo[key] = block_keys(tokens, block_size, salt=cache_salt(request))
     return keys

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from hiveroute.kvindex.blocks import BlockKey, block_keys
+from hiveroute.kvindex.blocks import BlockKey
 from hiveroute.kvindex.tokenizer import Tokenizer
 from hiveroute.routing.base import RoutingRequest
-from hiveroute.routing.request_tokens import prompt_tokens_of
+from hiveroute.routing.request_tokens import prompt_block_keys
 
 Origin = tuple[float, str]  # (request start time, agent id)
 
@@ -41,20 +41,22 @@ class CrossAgentAccountant:
         self._maps: OrderedDict[str, dict[str, dict[BlockKey, Origin]]] = OrderedDict()
         self._sizes: dict[str, int] = {}
 
-    def token_ids(self, request: RoutingRequest) -> list[int] | None:
-        """The request's prompt tokens (those routing computed, when it did)."""
-        return prompt_tokens_of(request, self.tokenizer)
+    def block_keys(self, request: RoutingRequest) -> list[BlockKey] | None:
+        """The request's block keys: those routing computed when it did (one tokenization and
+        one keying per request), the KV index's scheme."""
+        return prompt_block_keys(request, self.tokenizer, self.block_size)
 
     def account(
         self,
         workflow_id: str,
         agent_id: str | None,
         engine: str,
-        tokens: list[int],
+        chain: list[BlockKey],
         cached_tokens: int | None,
         started_at: float,
     ) -> int:
-        """Record this request's blocks; return its cross-agent cached tokens."""
+        """Record this request's blocks (`chain`: its block keys); return its cross-agent
+        cached tokens."""
         maps = self._maps.get(workflow_id)
         if maps is None:
             maps = self._maps[workflow_id] = {}
@@ -63,7 +65,6 @@ class CrossAgentAccountant:
                 self._sizes.pop(old, None)
         self._maps.move_to_end(workflow_id)
         blocks = maps.setdefault(engine, {})
-        chain = block_keys(tokens, self.block_size)  # the KV index's keys, one scheme
         me = agent_id or ""
         hit_blocks = min(len(chain), (cached_tokens or 0) // self.block_size)
         cross = 0

@@ -240,7 +240,10 @@ class WorkflowService:
         text = leading_text(request.path, request.body)
         if text is None:
             return
-        view.warm_text = text if view.warm_text is None else common_prefix(view.warm_text, text)
+        if view.warm_text is None:
+            view.warm_text = text
+        elif not text.startswith(view.warm_text):  # once learnt, a prefix is checked, not redone
+            view.warm_text = common_prefix(view.warm_text, text)
 
     def after_complete(self, request: RoutingRequest, outcome: RequestOutcome) -> None:
         pending = self._pending.pop(request.request_id, None)
@@ -259,13 +262,13 @@ class WorkflowService:
         engine = outcome.engine.name if outcome.engine is not None else None
         cross: int | None = None
         if outcome.ok and outcome.prompt_tokens is not None and engine is not None:
-            tokens = self.accountant.token_ids(request)
-            if tokens is not None:
+            keys = self.accountant.block_keys(request)
+            if keys is not None:
                 cross = self.accountant.account(
                     view.id,
                     record.agent_id,
                     engine,
-                    tokens,
+                    keys,
                     outcome.cached_tokens,
                     record.started_at,
                 )

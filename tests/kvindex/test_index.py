@@ -104,6 +104,32 @@ def test_speculative_entries_count_until_confirmed_or_expired() -> None:
     assert len(index) == 2  # keys[0] (confirmed) and the new e3 block
 
 
+def test_refreshed_speculation_lives_to_its_last_refresh_then_leaves() -> None:
+    clock = Clock()
+    index = KvIndex(speculative_ttl_s=2.0, clock=clock)
+    index.set_block_size("e1", BS)
+    tokens = list(range(8))
+    keys = block_keys(tokens, BS)
+    for _ in range(4):  # siblings resend the prefix every second: it stays speculated
+        index.add_speculative("e1", keys)
+        clock.now += 1.0
+        index.add_speculative("e2", [])  # a sweep
+        assert index.match_tokens("e1", tokens).speculative_blocks == 2
+    clock.now += 1.5  # two seconds after the last refresh
+    index.add_speculative("e2", block_keys([7, 7, 7, 7], BS))  # a sweep
+    assert index.match_tokens("e1", tokens).tokens == 0
+    assert len(index) == 1  # only e2's block: the expired ones left the index
+
+
+def test_speculation_over_the_queue_bound_is_forgotten_not_kept_forever() -> None:
+    clock = Clock()
+    index = KvIndex(max_blocks=2, speculative_ttl_s=60.0, clock=clock)
+    index.set_block_size("e1", BS)
+    for i in range(12):  # more expiry records than 4 x max_blocks
+        index.add_speculative("e1", block_keys([i] * BS, BS))
+    assert len(index) <= 2
+
+
 def test_salted_requests_never_share_keys() -> None:
     index = KvIndex()
     tokens = list(range(8))

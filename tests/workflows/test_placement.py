@@ -10,6 +10,7 @@ import pytest
 from hiveroute.assembly import Router, assemble
 from hiveroute.config import RouterConfig
 from hiveroute.engines.engine import Engine
+from hiveroute.kvindex.blocks import block_keys
 from hiveroute.kvindex.events import BlockStored
 from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.backlog import PrefillBacklog
@@ -175,7 +176,6 @@ async def test_a_pending_prefill_counts_until_its_first_token() -> None:
 
 
 async def test_placement_reads_what_the_kv_index_says_each_engine_holds() -> None:
-    from hiveroute.kvindex.blocks import block_keys
     from hiveroute.routing.request_tokens import TOKEN_IDS_KEY
 
     router, _ = make_router(n=3)
@@ -209,11 +209,10 @@ async def test_a_request_is_tokenized_once_for_routing_and_accounting() -> None:
     req = request("w", "planner", "r1")
     await route(router, req)
     assert calls == ["render"]
-    tokens = service.accountant.token_ids(req)
+    keys = service.accountant.block_keys(req)
     assert calls == ["render"]  # the accountant reads what routing computed
-    assert tokens == tokenizer.encode_uncached(
-        original(req.body["messages"]), add_special_tokens=False
-    )
+    tokens = tokenizer.encode_uncached(original(req.body["messages"]), add_special_tokens=False)
+    assert keys == block_keys(tokens, service.accountant.block_size)
 
 
 async def test_a_new_context_avoids_a_cache_full_of_live_contexts() -> None:

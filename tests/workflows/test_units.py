@@ -1,3 +1,4 @@
+from hiveroute.kvindex.blocks import block_keys
 from hiveroute.kvindex.tokenizer import BuiltinTokenizer
 from hiveroute.workflows.accounting import CrossAgentAccountant
 from hiveroute.workflows.prefix_text import common_prefix
@@ -21,8 +22,8 @@ def test_common_prefix() -> None:
 def test_cross_agent_accounting_counts_only_other_agents_earlier_blocks() -> None:
     acc = CrossAgentAccountant(BuiltinTokenizer(), block_size=4)
     shared = list(range(100, 132))  # 8 blocks
-    planner = [*shared, 1, 2, 3, 4]
-    executor = [*shared, 5, 6, 7, 8]
+    planner = block_keys([*shared, 1, 2, 3, 4], 4)
+    executor = block_keys([*shared, 5, 6, 7, 8], 4)
     assert acc.account("w", "planner", "e1", planner, 0, started_at=1.0) == 0
     # executor hits the 32 shared tokens the planner stored on e1
     assert acc.account("w", "executor", "e1", executor, 32, started_at=2.0) == 32
