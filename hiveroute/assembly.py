@@ -109,8 +109,10 @@ class Router:
         )
 
 
-def assemble(config: RouterConfig) -> Router:
-    """Build a router from its config (nothing runs until `start()`)."""
+def assemble(config: RouterConfig, *, store: StateStore | None = None) -> Router:
+    """Build a router from its config (nothing runs until `start()`); `store`, when given, is
+    the shared state instead of the one `config.state` names (a worker's view of its parent's
+    store under `serve --workers`)."""
     client = EngineClient(
         api_key=config.engine_api_key,
         timeouts=EngineTimeouts(
@@ -146,7 +148,7 @@ def assemble(config: RouterConfig) -> Router:
     metrics.registry.register(KvIndexCollector(kv_events))
     components.append(kv_events)
     costs = CostModel()
-    store = open_state_store(config.state)
+    store = store if store is not None else open_state_store(config.state)
     bind_metrics = getattr(store, "bind_metrics", None)
     if bind_metrics is not None:  # Redis: health, metrics and connections live with the router
         bind_metrics(metrics.state)

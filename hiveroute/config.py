@@ -103,6 +103,8 @@ def _opt(help: str, default: Any = dataclasses.MISSING, **extra: Any) -> Any:
     return field(default=default, metadata=meta)
 
 
+MAX_WORKERS = 8  # `workers` beyond this gain little: the engines, not the router, are the limit
+
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # what --log-level accepts
 
 
@@ -110,6 +112,11 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # what --log-lev
 class RouterConfig:
     host: str = _opt("address to listen on", "0.0.0.0")
     port: int = _opt("port to listen on", 8080)
+    workers: int | None = _opt(
+        f"router processes serving the port (SO_REUSEPORT), sharing state; default one per "
+        f"core, at most {MAX_WORKERS}; 1: a single process",
+        None,
+    )
     engine: list[str] = _opt(
         "engine URL, optionally with ',events=tcp://HOST:PORT'; repeat for several. "
         "None: start embedded simulated engines",
@@ -258,6 +265,11 @@ class RouterConfig:
     def validate(self) -> RouterConfig:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {self.port}")
+        if self.workers is not None and not 1 <= self.workers <= MAX_WORKERS:
+            raise ConfigError(
+                f"workers must be 1..{MAX_WORKERS} (router processes on this host), "
+                f"got {self.workers}"
+            )
         if self.max_body_bytes <= 0:
             raise ConfigError("max_body_bytes must be positive")
         if self.log_level.lower() not in LOG_LEVELS:
@@ -375,7 +387,7 @@ def _coerce(name: str, value: Any, tp: Any, source: str) -> Any:
 # The router's keys by the component that reads them, for `--help` and the README's reference
 # (keys stay flat: every key, flag and HIVEROUTE_* variable is spelled as before).
 CONFIG_GROUPS: dict[str, tuple[str, ...]] = {
-    "listening": ("host", "port", "log_level", "max_body_bytes"),
+    "listening": ("host", "port", "workers", "log_level", "max_body_bytes"),
     "engines": (
         "engine",
         "embedded_engines",

@@ -9,6 +9,7 @@ from hiveroute.config import RouterConfig, add_config_arguments, load_config
 from hiveroute.gateway.access_log import configure_logging
 from hiveroute.routing.registry import check_policy
 from hiveroute.server import serve
+from hiveroute.workers import serve_workers
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     check_policy(config)  # before any engine starts
     configure_logging(config.log_level)
     try:
-        runtime.run(serve(config))
+        runtime.run(serve(config, serve_workers=serve_workers))
     except OSError as exc:
         print(f"hiveroute serve: {exc}")
         return 1

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from hiveroute.assembly import Router, assemble
-from hiveroute.config import RouterConfig
+from hiveroute.config import MAX_WORKERS, RouterConfig
 from hiveroute.runtime import wait_for_shutdown_signal
 
 log = logging.getLogger("hiveroute.server")
@@ -30,15 +32,32 @@ class RunningRouter:
         await self.runner.cleanup()
 
 
-async def start_router(config: RouterConfig, *, router: Router | None = None) -> RunningRouter:
-    """Start a router on config.host:config.port (port 0 picks a free one)."""
+async def start_router(
+    config: RouterConfig,
+    *,
+    router: Router | None = None,
+    reuse_port: bool = False,
+    extend: Callable[[web.Application], None] | None = None,
+) -> RunningRouter:
+    """Start a router on config.host:config.port (port 0 picks a free one). `reuse_port`: one
+    of several processes on the port (`serve --workers`); `extend` adds to the app before it
+    starts (a worker's middleware)."""
     router = router or assemble(config)
     app = router.app()
+    if extend is not None:
+        extend(app)
     # handler_cancellation: a client that disconnects cancels its handler, which closes the
     # upstream connection, which makes the engine abort the request.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True)
+    site = web.TCPSite(
+        runner,
+        config.host,
+        config.port,
+        backlog=4096,
+        reuse_address=True,
+        reuse_port=reuse_port or None,
+    )
     try:
         await site.start()
     except OSError as exc:
@@ -51,8 +70,12 @@ async def start_router(config: RouterConfig, *, router: Router | None = None) ->
     return RunningRouter(router=router, runner=runner, host=config.host, port=port)
 
 
-async def serve(config: RouterConfig) -> None:
-    """`hiveroute serve`: the router in front of the configured engines, or embedded ones."""
+ServeWorkers = Callable[[RouterConfig, int], Awaitable[None]]
+
+
+async def serve(config: RouterConfig, *, serve_workers: ServeWorkers | None = None) -> None:
+    """`hiveroute serve`: the router in front of the configured engines, or embedded ones; in
+    one process, or, given `serve_workers` (hiveroute.workers), in `workers` processes."""
     fleet = None
     if not config.engine and config.discovery == "static":
         from hiveroute.sim.embedded import start_embedded_engines
@@ -60,11 +83,26 @@ async def serve(config: RouterConfig) -> None:
         fleet, specs = await start_embedded_engines(config.embedded_engines)
         config.engine = [spec_text for spec_text in specs]
         log.info("no engine configured: started %d embedded simulated engines", len(specs))
-    running = await start_router(config)
-    log.info("hiveroute listening on %s (policy %s)", running.url, running.router.policy.name)
     try:
-        await wait_for_shutdown_signal()
+        workers = config.workers if config.workers is not None else default_workers()
+        if workers > 1 and serve_workers is not None:
+            await serve_workers(config, workers)
+            return
+        running = await start_router(config)
+        log.info("hiveroute listening on %s (policy %s)", running.url, running.router.policy.name)
+        try:
+            await wait_for_shutdown_signal()
+        finally:
+            await running.stop()
     finally:
-        await running.stop()
         if fleet is not None:
             await fleet.stop()
+
+
+def default_workers() -> int:
+    """One worker per core this process may run on, at most MAX_WORKERS."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cores))

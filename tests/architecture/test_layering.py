@@ -30,7 +30,17 @@ LAYERS: list[set[str]] = [
     {"gateway"},
     {"workflows"},
     {"assembly"},
-    {"server", "serve_command", "sim", "bench", "integrations", "client", "cli", "__main__"},
+    {
+        "server",
+        "serve_command",
+        "workers",
+        "sim",
+        "bench",
+        "integrations",
+        "client",
+        "cli",
+        "__main__",
+    },
 ]
 
 

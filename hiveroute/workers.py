@@ -1,0 +1,296 @@
+"""`hiveroute serve --workers N`: N router processes on one port, one router to its clients.
+
+The parent reserves the port (bound with SO_REUSEPORT, never listening), serves the shared state
+on a Unix socket (hiveroute.state.shared, unless `state` names Redis) and starts N workers. Each
+worker is a whole router, assembled by hiveroute.assembly, listening on the port with
+SO_REUSEPORT (the kernel spreads connections over them) and subscribing to the engines' KV events
+itself. Each worker also serves its own /metrics and dashboard overview on a private Unix socket,
+so whichever worker answers `/metrics` or `/dashboard/api/overview` merges all of them: the page
+shows the whole router, not one worker. SIGTERM or SIGINT stops the workers; the parent waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from hiveroute import runtime
+from hiveroute.assembly import Router, assemble
+from hiveroute.config import RouterConfig
+from hiveroute.gateway.access_log import configure_logging
+from hiveroute.gateway.app import handle_metrics
+from hiveroute.gateway.parts import GATEWAY_KEY
+from hiveroute.observability.dashboard import add_dashboard_routes
+from hiveroute.observability.merge import merge_metrics, merge_overviews
+from hiveroute.runtime import wait_for_shutdown_signal
+from hiveroute.server import start_router
+from hiveroute.state.shared import SharedStateClient, StateServer
+
+log = logging.getLogger("hiveroute.workers")
+
+WORKER_HEADER = "X-Hiveroute-Worker"  # the pid of the worker that served a response
+STOP_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker needs from its parent (pickled into the child)."""
+
+    config: RouterConfig
+    index: int
+    count: int
+    run_dir: str
+    state_path: str | None  # the parent's state socket; None: `state` is Redis
+
+    def metrics_socket(self, index: int) -> str:
+        return os.path.join(self.run_dir, f"worker-{index}.sock")
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port) with SO_REUSEPORT and not listening: it fixes the port
+    (port 0 becomes a real one) for the workers, and the kernel never hands it a connection."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+async def serve_workers(config: RouterConfig, count: int) -> None:
+    """Run `count` workers on config.host:config.port until SIGTERM/SIGINT or a worker dies."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        raise OSError("workers > 1 needs SO_REUSEPORT (Linux, macOS); set workers: 1")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before any worker starts: none is orphaned
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    run_dir = tempfile.mkdtemp(prefix="hiveroute-")
+    reserved = reserve_port(config.host, config.port)
+    state: StateServer | None = None
+    processes: list[multiprocessing.process.BaseProcess] = []
+    try:
+        config.port = int(reserved.getsockname()[1])
+        if config.state == "memory":
+            state = StateServer(os.path.join(run_dir, "state.sock"))
+            await state.start()
+        context = multiprocessing.get_context("spawn")
+        pipes: list[Connection] = []
+        for index in range(count):
+            spec = WorkerSpec(config, index, count, run_dir, state.path if state else None)
+            receive, send = context.Pipe(duplex=False)
+            process = context.Process(
+                target=worker_main, args=(spec, send), name=f"hiveroute-worker-{index}"
+            )
+            process.start()
+            send.close()
+            processes.append(process)
+            pipes.append(receive)
+        if not await _wait_ready(pipes, processes, stop):
+            return
+        host = "127.0.0.1" if config.host in ("0.0.0.0", "", "::") else config.host
+        log.info(
+            "hiveroute listening on http://%s:%d with %d workers (policy %s, state %s)",
+            host,
+            config.port,
+            count,
+            config.policy,
+            "shared in memory" if state else "Redis",
+        )
+        await _until_stop_or_exit(processes, stop)
+    finally:
+        await _stop(processes)
+        if state is not None:
+            await state.stop()
+        reserved.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+async def _message(pipe: Connection) -> str:
+    """The worker's first word on its pipe ("ready" or why it failed), without a thread."""
+    loop = asyncio.get_running_loop()
+    readable = asyncio.Event()
+    loop.add_reader(pipe.fileno(), readable.set)
+    try:
+        await readable.wait()
+    finally:
+        loop.remove_reader(pipe.fileno())
+    try:
+        return str(pipe.recv())
+    except EOFError:
+        return "exited before it was ready"
+    finally:
+        pipe.close()
+
+
+async def _wait_ready(pipes: list[Connection], processes: list[Any], stop: asyncio.Event) -> bool:
+    """True when every worker is ready; False when told to stop first; OSError if one failed."""
+    messages = asyncio.ensure_future(
+        asyncio.wait_for(asyncio.gather(*(_message(p) for p in pipes)), READY_TIMEOUT_S)
+    )
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({messages, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not messages.done():
+        messages.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await messages
+        return False
+    try:
+        found = messages.result()
+    except TimeoutError:
+        raise OSError(f"the workers did not start in {READY_TIMEOUT_S:.0f} s") from None
+    for process, message in zip(processes, found, strict=True):
+        if message != "ready":
+            raise OSError(f"worker {process.name} failed: {message}")
+    return True
+
+
+async def _until_stop_or_exit(processes: list[Any], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        for process in processes:
+            if not process.is_alive():
+                log.error("worker %s exited (code %s): stopping", process.name, process.exitcode)
+                return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=0.5)
+
+
+async def _stop(processes: list[Any]) -> None:
+    """SIGTERM every worker, wait for them (without a thread), kill what outlives the wait."""
+    for process in processes:
+        if process.is_alive() and process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGTERM)
+    deadline = asyncio.get_running_loop().time() + STOP_TIMEOUT_S
+    while any(p.is_alive() for p in processes) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    for process in processes:
+        if process.is_alive():
+            log.warning("worker %s did not stop in %.0f s: killed", process.name, STOP_TIMEOUT_S)
+            process.kill()
+        process.join()
+
+
+# --- in the worker --------------------------------------------------------------------------
+
+
+def worker_main(spec: WorkerSpec, ready: Connection) -> None:
+    """A worker process: one whole router on the shared port."""
+    configure_logging(spec.config.log_level)
+    try:
+        runtime.run(_worker(spec, ready))
+    except Exception as exc:  # tell the parent why, once, rather than a silent exit
+        with contextlib.suppress(OSError, ValueError):
+            ready.send(f"{type(exc).__name__}: {exc}")
+        raise SystemExit(1) from None
+
+
+async def _worker(spec: WorkerSpec, ready: Connection) -> None:
+    store = SharedStateClient(spec.state_path) if spec.state_path else None
+    router = assemble(spec.config, store=store)
+    siblings = Siblings(spec)
+    running = await start_router(
+        spec.config, router=router, reuse_port=True, extend=siblings.extend
+    )
+    private = await _serve_private(router, spec.metrics_socket(spec.index))
+    ready.send("ready")
+    ready.close()
+    try:
+        await wait_for_shutdown_signal()
+    finally:
+        await private.cleanup()
+        await siblings.close()
+        await running.stop()
+
+
+async def _serve_private(router: Router, path: str) -> web.AppRunner:
+    """This worker's own /metrics and dashboard overview, for its siblings to merge."""
+    app = web.Application()
+    app[GATEWAY_KEY] = router
+    app.router.add_get("/metrics", handle_metrics)
+    add_dashboard_routes(app, router.pool, router.metrics, router.policy.name, router.kv_events)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.UnixSite(runner, path).start()
+    os.chmod(path, 0o600)
+    return runner
+
+
+class Siblings:
+    """The whole router's view from one worker: every worker's metrics, merged."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.pid = str(os.getpid())
+        self._sessions: dict[int, aiohttp.ClientSession] = {}
+
+    def extend(self, app: web.Application) -> None:
+        """The worker header on every response; /metrics and the overview of all workers."""
+
+        async def header(request: web.Request, response: web.StreamResponse) -> None:
+            response.headers[WORKER_HEADER] = self.pid
+
+        app.on_response_prepare.append(header)
+        app.middlewares.append(self.middleware)
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        # innermost: auth and request ids have run, so admin keys apply as to one router
+        if request.method == "GET" and request.path == "/metrics":
+            texts = await self._gather("/metrics")
+            body = merge_metrics([text.decode() for text in texts])
+            return web.Response(text=body, content_type="text/plain", charset="utf-8")
+        if request.method == "GET" and request.path == "/dashboard/api/overview":
+            parts = [json.loads(text) for text in await self._gather("/dashboard/api/overview")]
+            return web.json_response(merge_overviews(parts), headers={"Cache-Control": "no-store"})
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def _gather(self, path: str) -> list[bytes]:
+        found = await asyncio.gather(
+            *(self._fetch(index, path) for index in range(self.spec.count))
+        )
+        return [text for text in found if text is not None]
+
+    async def _fetch(self, index: int, path: str) -> bytes | None:
+        session = self._sessions.get(index)
+        if session is None:
+            connector = aiohttp.UnixConnector(path=self.spec.metrics_socket(index))
+            session = self._sessions[index] = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=5)
+            )
+        try:
+            async with session.get(f"http://worker{path}") as response:
+                if response.status == 200:
+                    return await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.warning("worker %d did not answer %s: %s", index, path, exc)
+        return None
+
+    async def close(self) -> None:
+        for session in self._sessions.values():
+            await session.close()
+        self._sessions.clear()
