@@ -12,12 +12,12 @@ finishes the request: the policy hears how it went, every hook that saw it gets
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
 from aiohttp import web
 
 from hiveroute.engines.client import EngineClient, EngineUnreachable, UpstreamAnswer
@@ -111,12 +111,12 @@ def upstream_payload(body: dict[str, Any], raw: bytes | None, *, add_usage: bool
     dropped from its stream (see relay_stream). Without other stream options, the option is
     spliced into the raw bytes (a streamed body is a non-empty object: it has `stream`)."""
     if not add_usage:
-        return raw if raw is not None else json.dumps(body).encode()
+        return raw if raw is not None else orjson.dumps(body)
     if raw is not None and "stream_options" not in body:
         return raw.rstrip()[:-1] + b"," + USAGE_OPTION + b"}"
     options = body.get("stream_options")
     kept = options if isinstance(options, dict) else {}
-    return json.dumps({**body, "stream_options": {**kept, "include_usage": True}}).encode()
+    return orjson.dumps({**body, "stream_options": {**kept, "include_usage": True}})
 
 
 class RequestPipeline:
