@@ -80,7 +80,7 @@ async def main_async(args: argparse.Namespace) -> int:
         port = free_port()
         router_cmd = [sys.executable, "-m", "hiveroute", "serve", "--host", "127.0.0.1", "--port", str(port),
                       "--policy", args.policy, "--log-level", "warning", "--health-interval-s", "5",
-                      "--keep-warm-interval-s", "0"]  # fmt: skip
+                      "--keep-warm-interval-s", "0", "--workers", "1"]  # fmt: skip
         for url in engines:
             router_cmd += ["--engine", url]
         router = start(router_cmd, (1,), logs / "router.log")

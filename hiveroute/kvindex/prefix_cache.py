@@ -18,8 +18,10 @@ from __future__ import annotations
 import bisect
 import json
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from hiveroute.kvindex.blocks import BlockKey, block_keys
 
 # Encode(text, add_special_tokens) -> (ids, start offset of each token in text)
 EncodeWithOffsets = Callable[[str, bool], tuple[list[int], list[int]]]
@@ -32,11 +34,48 @@ _PROBE = 256  # characters that pick candidate entries (a prefix shorter than th
 _MAX_BACKOFF_TOKENS = 256
 
 
-@dataclass
+@dataclass(eq=False)
 class _Entry:
     text: str
     ids: list[int]
     starts: list[int]
+    # (block size, salt) -> this text's block keys, once a request keyed them
+    keys: dict[tuple[int, str | None], list[BlockKey]] = field(default_factory=dict)
+
+
+class PrefixIds(list[int]):
+    """Token ids that remember the cached encoding whose first `reused` tokens they share, so
+    their block keys can be the cached ones for that prefix (keyed once per prefix)."""
+
+    __slots__ = ("entry", "reused", "source")
+
+    def __init__(self, ids: list[int], entry: _Entry, source: _Entry | None, reused: int) -> None:
+        super().__init__(ids)
+        self.entry = entry
+        self.source = source
+        self.reused = reused
+
+
+def prefix_block_keys(
+    token_ids: Sequence[int], block_size: int, *, salt: str | None = None
+) -> list[BlockKey]:
+    """`block_keys`, reusing the keys of the shared prefix when `token_ids` came from the
+    prefix cache: a workflow's long context is keyed once, each request keys its new tail."""
+    if not isinstance(token_ids, PrefixIds):
+        return block_keys(token_ids, block_size, salt=salt)
+    slot = (block_size, salt)
+    keys: list[BlockKey] | None = None
+    source = token_ids.source
+    previous = source.keys.get(slot) if source is not None else None
+    if previous:
+        n = min(len(previous), token_ids.reused // block_size)
+        if n:
+            tail = block_keys(token_ids[n * block_size :], block_size, parent=previous[n - 1])
+            keys = previous[:n] + tail
+    if keys is None:
+        keys = block_keys(token_ids, block_size, salt=salt)
+    token_ids.entry.keys[slot] = keys
+    return keys
 
 
 def tokenizer_supports_prefix_reuse(tokenizer_json: str) -> bool:
@@ -100,6 +139,8 @@ class PrefixEncodeCache:
                 best, best_common = entry, common
         ids: list[int] | None = None
         starts: list[int] = []
+        source: _Entry | None = None
+        reused = 0
         if best is not None:
             cut = _safe_cut(best, text, best_common, self._safe_split)
             if cut is not None:
@@ -109,11 +150,13 @@ class PrefixEncodeCache:
                 starts = best.starts[:k] + [pos + s for s in tail_starts]
                 self.hits += 1
                 self.reused_tokens += k
+                source, reused = best, k
         if ids is None:
             ids, starts = self._encode(text, add_special_tokens)
         extended = best if best is not None and best_common == len(best.text) else None
-        self._store(probe, _Entry(text, ids, starts), extended)
-        return list(ids)
+        entry = _Entry(text, ids, starts)
+        self._store(probe, entry, extended)
+        return PrefixIds(ids, entry, source, reused)
 
     def _store(self, probe: tuple[bool, str], entry: _Entry, superseded: _Entry | None) -> None:
         bucket = self._entries.setdefault(probe, [])

@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 
 from hiveroute.errors import HiverouteError
-from hiveroute.kvindex.blocks import BlockKey, block_keys
+from hiveroute.kvindex.blocks import BlockKey
 from hiveroute.kvindex.index import PrefixMatch
+from hiveroute.kvindex.prefix_cache import prefix_block_keys
 from hiveroute.kvindex.tokenizer import Tokenizer, prompt_token_ids
 from hiveroute.routing.base import CycleState, RoutingRequest, StateKey
 
@@ -78,5 +79,5 @@ def _memo_keys(request: RoutingRequest, tokens: list[int], block_size: int) -> l
     key = f"block_keys:{block_size}:{len(tokens)}"
     keys: list[BlockKey] | None = request.memo.get(key)
     if keys is None:
-        keys = request.memo[key] = block_keys(tokens, block_size, salt=cache_salt(request))
+        keys = request.memo[key] = prefix_block_keys(tokens, block_size, salt=cache_salt(request))
     return keys

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from hiveroute.engines.vllm_local import CHAT_TEMPLATE, _train_tokenizer
-from hiveroute.kvindex.prefix_cache import tokenizer_supports_prefix_reuse
+from hiveroute.kvindex.blocks import block_keys
+from hiveroute.kvindex.prefix_cache import prefix_block_keys, tokenizer_supports_prefix_reuse
 from hiveroute.kvindex.tokenizer import BuiltinTokenizer, HFTokenizer, prompt_token_ids
 
 WORDS = "the agent plan tool résumé 42 café, x.y: don't  foo\nbar\t baz ünï 🙂 <s> result".split(
@@ -66,3 +67,20 @@ def test_tokenizers_where_splitting_is_unsafe_encode_whole(tokenizer_dir: Path) 
     ):
         assert not tokenizer_supports_prefix_reuse(json.dumps({**spec, **change}))
     assert not tokenizer_supports_prefix_reuse("not json")
+
+
+@pytest.mark.parametrize("salt", [None, "tenant-salt"])
+def test_block_keys_of_a_shared_prefix_are_reused_and_equal_a_full_keying(salt: str | None) -> None:
+    tokenizer = BuiltinTokenizer()
+    rng = random.Random(7)
+    words = [f"w{i}" for i in range(400)]
+    context = " ".join(rng.choice(words) for _ in range(1500))
+    reused = 0
+    for turn in range(8):  # agents of one workflow: the context, then each its own message
+        own = " ".join(rng.choice(words) for _ in range(40 + turn))
+        tokens = tokenizer.encode(f"{context} agent {turn % 3}: {own}", add_special_tokens=False)
+        for size in (16, 128):
+            keys = prefix_block_keys(tokens, size, salt=salt)
+            assert keys == block_keys(list(tokens), size, salt=salt)
+        reused += getattr(tokens, "reused", 0)
+    assert reused > 0  # the context's keys came from the cache, not a new keying
