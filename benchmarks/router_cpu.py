@@ -123,8 +123,9 @@ async def start_target(
             "--policy", str(target.policy), "--log-level", "warning", "--health-interval-s", "5",
             "--keep-warm-interval-s", "0"]  # fmt: skip
     env = {"PYTHONPATH": target.source} if target.source else None
-    processes = 1 if (workers == 1 or has_workers) else workers
-    extra = ["--workers", str(workers)] if has_workers else []
+    processes = 1 if (workers == 1 or (has_workers and not target.source)) else workers
+    # a baseline checkout (target.source) may predate --workers: it runs one process per port
+    extra = ["--workers", str(workers)] if has_workers and not target.source else []
     running = Running([], [])
     for i in range(processes):
         port = free_port()
