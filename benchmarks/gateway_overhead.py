@@ -157,7 +157,7 @@ async def main_async(args: argparse.Namespace) -> int:
             port = free_port()
             router_cmd = [sys.executable, "-m", "hiveroute", "serve", "--engine", engine_url, "--host", "127.0.0.1",
                           "--port", str(port), "--policy", policy, "--health-interval-s", "5",
-                          "--log-level", "warning"]  # fmt: skip
+                          "--log-level", "warning", "--workers", "1"]  # fmt: skip
             procs.append(start(router_cmd, (1,), logs / f"hiveroute-{policy}.log"))
             targets[f"hiveroute:{policy}"] = f"http://127.0.0.1:{port}"
             await wait_http(f"http://127.0.0.1:{port}/health")

@@ -94,7 +94,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         for url in engines:
             await wait_http(f"{url}/health")
         cmd = [sys.executable, "-m", "hiveroute", "serve", "--host", "127.0.0.1", "--port", str(router_port),
-               "--policy", "least_load", "--log-level", "warning", "--max-in-flight", str(args.streams * 2)]  # fmt: skip
+               "--policy", "least_load", "--log-level", "warning", "--max-in-flight", str(args.streams * 2), "--workers", "1"]  # fmt: skip
         for url in engines:
             cmd += ["--engine", url]
         router = subprocess.Popen(

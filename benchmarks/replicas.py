@@ -251,7 +251,8 @@ async def run_config(
             for port in ports:
                 cmd = [python, "-m", "hiveroute", "serve", "--host", "127.0.0.1",
                        "--port", str(port), "--policy", "workflow", "--state", state,
-                       "--keep-warm-interval-s", "0", "--log-level", "warning"]  # fmt: skip
+                       "--keep-warm-interval-s", "0", "--log-level", "warning",
+                       "--workers", "1"]  # fmt: skip
                 for spec in specs:
                     cmd += ["--engine", spec]
                 procs.append(spawn(cmd, logs / f"router-{port}.log"))
