@@ -5,7 +5,7 @@ homes, shared contexts, anything else kept in the StateStore) lives in one Memor
 owned by the parent process and served on a Unix socket by `StateServer`. Each worker talks to
 it through `SharedStateClient`, which implements the StateStore interface.
 
-The wire is length-prefixed JSON frames: a call ``[id, method, args, kwargs]`` and a reply
+The wire is length-prefixed JSON frames (orjson): a call ``[id, method, args, kwargs]`` and a reply
 ``[id, ok, result]``. Calls are pipelined on one connection per worker; the server runs each
 connection's calls in order, and the memory store's operations never yield, so every call
 (`set_if_absent`, `compare_and_set`, `hincrby`, ...) is atomic across workers, as in Redis.
@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import os
 import struct
 from typing import Any
+
+import orjson
 
 from hiveroute.state.memory import MemoryStateStore
 
@@ -51,15 +52,34 @@ METHODS = frozenset(
 
 
 def _encode(message: list[Any]) -> bytes:
-    payload = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    payload = orjson.dumps(message)
     return _FRAME.pack(len(payload)) + payload
+
+
+class _Batcher:
+    """Frames written in one event-loop turn go out in one write (one system call): a request
+    makes several state calls at once (asyncio.gather), and a worker serves many requests."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._frames: list[bytes] = []
+
+    def send(self, frame: bytes) -> None:
+        if not self._frames:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._frames.append(frame)
+
+    def _flush(self) -> None:
+        frames, self._frames = self._frames, []
+        if not self.writer.is_closing():
+            self.writer.write(b"".join(frames))
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> Any:
     (size,) = _FRAME.unpack(await reader.readexactly(_FRAME.size))
     if size > MAX_FRAME_BYTES:
         raise ValueError(f"state frame of {size} bytes is over the limit")
-    return json.loads(await reader.readexactly(size))
+    return orjson.loads(await reader.readexactly(size))
 
 
 class StateServer:
@@ -89,13 +109,14 @@ class StateServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections.add(writer)
+        replies = _Batcher(writer)
         try:
             while True:
                 try:
                     call_id, method, args, kwargs = await _read_frame(reader)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
-                writer.write(_encode(await self._call(call_id, method, args, kwargs)))
+                replies.send(_encode(await self._call(call_id, method, args, kwargs)))
                 if writer.transport.get_write_buffer_size() > 1 << 20:
                     await writer.drain()
         except (ValueError, TypeError) as exc:  # a malformed frame: drop that connection
@@ -126,6 +147,7 @@ class SharedStateClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._writer: asyncio.StreamWriter | None = None
+        self._calls: _Batcher | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._connecting: asyncio.Lock | None = None
 
@@ -136,6 +158,7 @@ class SharedStateClient:
             if self._writer is None:
                 reader, writer = await asyncio.open_unix_connection(self.path)
                 self._writer = writer
+                self._calls = _Batcher(writer)
                 self._reader_task = asyncio.create_task(self._read(reader), name="state-client")
         return self._writer
 
@@ -157,18 +180,21 @@ class SharedStateClient:
         except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
             error = ConnectionError(f"shared state server: {exc}")
         finally:
-            self._writer = None
+            self._writer = self._calls = None
             pending, self._pending = self._pending, {}
             for future in pending.values():
                 if not future.done():
                     future.set_exception(error)
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        writer = self._writer or await self._connect()
+        if self._writer is None:
+            await self._connect()
+        calls = self._calls
+        assert calls is not None
         call_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
-        writer.write(_encode([call_id, method, list(args), kwargs]))
+        calls.send(_encode([call_id, method, list(args), kwargs]))
         return await future
 
     # strings --------------------------------------------------------------------------------
