@@ -39,6 +39,7 @@ from hiveroute.observability.merge import merge_metrics, merge_overviews
 from hiveroute.runtime import wait_for_shutdown_signal
 from hiveroute.server import start_router
 from hiveroute.state.shared import SharedStateClient, StateServer
+from hiveroute.state.store import open_state_store
 
 log = logging.getLogger("hiveroute.workers")
 
@@ -82,6 +83,8 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
     """Run `count` workers on config.host:config.port until SIGTERM/SIGINT or a worker dies."""
     if not hasattr(socket, "SO_REUSEPORT"):
         raise OSError("workers > 1 needs SO_REUSEPORT (Linux, macOS); set workers: 1")
+    if config.state != "memory":  # a bad Redis URL: the config error, here, as with one process
+        await open_state_store(config.state).close()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # before any worker starts: none is orphaned
