@@ -43,6 +43,7 @@ async def test_serve_routes_to_discovered_pods_and_stops_promptly(tmp_path: Path
         sys.executable, "-m", "hiveroute", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--discovery", "kubernetes", "--k8s-kubeconfig", str(kubeconfig),
         "--k8s-port", str(engine.port), "--k8s-events-port", "0", "--health-interval-s", "0.2",
+        "--workers", "1",  # one process, one watch (each worker of several watches itself)
         stderr=asyncio.subprocess.DEVNULL, env=dict(os.environ),
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
