@@ -27,6 +27,7 @@ from hiveroute.gateway.admission import AdmissionController
 from hiveroute.gateway.app import build_app
 from hiveroute.gateway.auth import Authenticator
 from hiveroute.gateway.pipeline import RequestPipeline, ServedHook
+from hiveroute.gateway.response_ids import ResponseIds
 from hiveroute.kvindex.index import KvIndex
 from hiveroute.kvindex.service import KvEventService, KvIndexCollector, build_kv_index
 from hiveroute.kvindex.tokenizer import Tokenizer, load_tokenizer
@@ -65,6 +66,7 @@ class Router:
     plugins: PluginRegistry
     policy: Policy
     pipeline: RequestPipeline
+    response_ids: ResponseIds
     components: list[Component] = field(default_factory=list)
     _started: list[Component] = field(default_factory=list, repr=False)
 
@@ -197,5 +199,6 @@ def assemble(config: RouterConfig) -> Router:
         plugins=plugins,
         policy=policy,
         pipeline=pipeline,
+        response_ids=ResponseIds(store, pool),
         components=components,
     )
