@@ -40,6 +40,7 @@ from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, PluginRegistry, build_policy
 from hiveroute.state.store import StateStore, open_state_store
 from hiveroute.workflows import api as workflow_api
+from hiveroute.workflows.cache_hints import CacheControlHints
 from hiveroute.workflows.placement import WorkflowPlacementScorer
 from hiveroute.workflows.service import WorkflowService
 
@@ -178,7 +179,7 @@ def assemble(config: RouterConfig) -> Router:
         policy=policy,
         metrics=metrics,
         admission=admission,
-        hooks=[workflows, ServedHook(kv_events.served)],
+        hooks=[workflows, ServedHook(kv_events.served), CacheControlHints(workflows.keep_warm)],
         retries=config.retries,
         forward_authorization=not auth.enabled,
     )

@@ -16,6 +16,7 @@ import anthropic
 import openai
 import pytest
 
+from hiveroute.protocols.anthropic import cache_control_prefix
 from hiveroute.sim import SimFleet
 from tests.conftest import RouterFactory
 from tests.sim.conftest import FleetFactory
@@ -232,3 +233,54 @@ async def test_an_agents_sdk_agent_with_a_function_tool_runs_to_completion(
     assert result.raw_responses and all(
         resp.usage.input_tokens > 0 for resp in result.raw_responses
     )
+
+
+def test_the_prefix_up_to_the_last_cache_control_block_and_its_ttl() -> None:
+    system = [
+        {"type": "text", "text": "rules", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "more"},
+    ]
+    body: dict[str, Any] = {"model": "m", "max_tokens": 9, "system": system, "messages": []}
+    prefix, ttl = cache_control_prefix(body) or ({}, 0.0)
+    assert ttl == 300.0 and prefix["system"] == system[:1] and prefix["max_tokens"] == 1
+    turn = [
+        {"type": "text", "text": "a"},
+        {"type": "text", "text": "b", "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+        {"type": "text", "text": "c"},
+    ]
+    body["messages"] = [{"role": "user", "content": "q"}, {"role": "user", "content": turn}]
+    prefix, ttl = cache_control_prefix(body) or ({}, 0.0)
+    assert ttl == 3600.0 and prefix["messages"][-1]["content"] == turn[:2]
+    assert prefix["system"] == system and prefix["messages"][0] == body["messages"][0]
+    assert cache_control_prefix({"messages": [{"role": "user", "content": "q"}]}) is None
+
+
+async def test_a_cache_control_prefix_is_kept_warm_on_the_engine_that_served_it(
+    sim_fleet: FleetFactory, router_factory: RouterFactory
+) -> None:
+    fleet = await two_engines(sim_fleet)
+    model = fleet.config.model_name()
+    r = await router_factory(
+        fleet.engine_spec_texts(), keep_warm_idle_s=1.0, keep_warm_interval_s=3600
+    )  # the test runs the rounds
+    client = anthropic_client(r.url)
+    raw = await client.messages.with_raw_response.create(
+        model=model, max_tokens=4,
+        system=[{"type": "text", "text": "long rules " * 50, "cache_control": {"type": "ephemeral"}}],
+        messages=[{"role": "user", "content": "hi"}],
+    )  # fmt: skip
+    served = raw.headers[ENGINE]
+    keep_warm = r.router.workflows.keep_warm
+    [hint] = keep_warm.hints.values()
+    assert hint.engine == served and hint.until - hint.last == 300.0
+    assert keep_warm.round(now=hint.last + 0.5) == 0  # not idle yet
+    assert keep_warm.round(now=hint.last + 2.0) == 1  # idle: touched on its engine
+    await keep_warm.drain()
+    assert (
+        r.router.metrics.registry.get_sample_value(
+            "hiveroute_keep_warm_requests_total",
+            {"engine": served, "kind": "cache_control", "result": "ok"},
+        )
+        == 1.0
+    )
+    assert keep_warm.round(now=hint.last + 301.0) == 0 and not keep_warm.hints  # TTL over
