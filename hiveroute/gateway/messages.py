@@ -50,12 +50,15 @@ async def parse_messages(parts: GatewayParts, request: web.Request, request_id: 
     body = parse_json_object(raw)
     check_messages_fields(body, create=create)
     metadata, clean = extract_metadata(body, request.headers)
+    tenant = principal_of(request).tenant
+    if tenant is not None and create:  # vLLM's Messages request takes `cache_salt` too
+        clean = {**clean, "cache_salt": parts.auth.cache_salt(tenant)}
     routed = RoutingRequest(
         request_id=request_id,
         path=request.path,
         body=clean,
         metadata=metadata,
-        tenant=principal_of(request).tenant,
+        tenant=tenant,
         prompt=MESSAGES.prompt,
     )
     return Inbound(routed, raw if clean is body else None, api=MESSAGES, generation=create)
