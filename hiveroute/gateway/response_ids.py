@@ -18,13 +18,17 @@ from hiveroute.engines.engine import Engine
 from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import HiverouteError, NotFound
 from hiveroute.state.store import StateStore
-from hiveroute.workflows.scope import scoped
 
 PREFIX = "resp:"
 ORDER_KEY = "resp-order"  # the recorded ids, oldest first (the bound)
 DEFAULT_TTL_S = 24 * 3600.0
 DEFAULT_MAX_IDS = 100_000
 _FIRST_ID = re.compile(rb'"id"\s*:\s*"([A-Za-z0-9_.:-]{1,200})"')
+
+
+def id_key(tenant: str | None, response_id: str) -> str:
+    """The store key of a tenant's response id (a JSON pair: no id can name another tenant's)."""
+    return PREFIX + json.dumps([tenant, response_id])
 
 
 class ResponseEngineUnavailable(HiverouteError):
@@ -55,14 +59,14 @@ class ResponseIds:
         self.max_ids = max_ids
 
     async def record(self, tenant: str | None, response_id: str, engine: str) -> None:
-        key = PREFIX + scoped(tenant, response_id)
+        key = id_key(tenant, response_id)
         if await self.store.set_if_absent(key, engine, ttl_s=self.ttl_s):
             dropped = await self.store.push_bounded(ORDER_KEY, key, self.max_ids)
             if dropped:
                 await self.store.delete(*dropped)
 
     async def engine_of(self, tenant: str | None, response_id: str) -> str | None:
-        return await self.store.get(PREFIX + scoped(tenant, response_id))
+        return await self.store.get(id_key(tenant, response_id))
 
     async def home(self, tenant: str | None, response_id: str, param: str) -> str:
         """The engine that stores `response_id`, if it can serve now; else the 4xx that says

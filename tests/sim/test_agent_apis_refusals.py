@@ -142,3 +142,24 @@ async def test_an_engines_openai_shaped_refusal_reaches_an_anthropic_client_in_i
         assert resp.status == 400
         payload = await resp.json()
     assert payload["type"] == "error" and payload["error"]["type"] == "invalid_request_error"
+
+
+async def test_one_tenant_cannot_reach_anothers_response(
+    sim_fleet: FleetFactory, router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    fleet = await sim_fleet()
+    model = fleet.config.model_name()
+    keys = {"sk-tenant-a": "a", "sk-tenant-b": "b"}
+    r = await router_factory(fleet.engine_spec_texts(), api_keys=keys)
+    a = {"Authorization": "Bearer sk-tenant-a"}
+    b = {"Authorization": "Bearer sk-tenant-b"}
+    body = {"model": model, "input": "hi", "max_output_tokens": 2}
+    async with http.post(r.url + "/v1/responses", json=body, headers=a) as resp:
+        created = await resp.json()
+    async with http.get(f"{r.url}/v1/responses/{created['id']}", headers=a) as resp:
+        assert resp.status == 200
+    async with http.get(f"{r.url}/v1/responses/{created['id']}", headers=b) as resp:
+        assert resp.status == 404
+    follow = {**body, "previous_response_id": created["id"]}
+    async with http.post(r.url + "/v1/responses", json=follow, headers=b) as resp:
+        assert resp.status == 404
