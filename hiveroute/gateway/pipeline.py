@@ -240,8 +240,20 @@ class RequestPipeline:
         response: web.StreamResponse | None = None
         try:
             if answer.is_stream:
+                told = None
+                if ex.decided and api.first_token is not None:
+
+                    def told() -> None:
+                        policy.on_first_token(request, engine, ex.state)
+
                 response, result = await relay_stream(
-                    http, answer, extra, ex.started, drop_usage=add_usage, api=api
+                    http,
+                    answer,
+                    extra,
+                    ex.started,
+                    drop_usage=add_usage,
+                    api=api,
+                    first_token=told,
                 )
             else:
                 response, result = await relay_whole(answer, extra, ex.started, api)
@@ -337,8 +349,8 @@ class RequestPipeline:
             except BaseException:  # cancelled while waiting: nothing may stay counted
                 engine.load.in_flight -= 1
                 raise
-            if answer.is_stream and ex.decided:  # a first chunk: prefill is (about) over
-                policy.on_first_token(request, engine, ex.state)
+            if answer.is_stream and ex.decided and inbound.api.first_token is None:
+                policy.on_first_token(request, engine, ex.state)  # its first chunk: a token
             return answer
         ex.decision = None  # every engine tried has heard its own failure already
         self.metrics.rejected.labels("no_engine").inc()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -104,9 +105,12 @@ async def relay_stream(
     *,
     drop_usage: bool = False,
     api: Api = CHAT,
+    first_token: Callable[[], None] | None = None,
 ) -> tuple[web.StreamResponse, RelayResult]:
     """Relay an SSE stream chunk by chunk. Engine failure mid-stream ends it with the API's
     error event; the usage is read from the stream's last events, as the API writes it.
+    `first_token` is called when an API whose stream opens with events before its first token
+    (`api.first_token`) sends that token: its prefill is over then.
 
     `drop_usage`: the router asked the engine for the usage chunk the client did not ask for;
     it is read (for the access log and counters) and not passed on."""
@@ -137,6 +141,8 @@ async def relay_stream(
                 last_event_at = chunk_at
             if marker is not None and result.ttft_s is None and marker in chunk:
                 result.ttft_s = chunk_at - started
+                if first_token is not None:
+                    first_token()
             tail.feed(chunk)
             passed = chunk
             # inline fast path: whole lines without usage pass as they came, no call, no copy
