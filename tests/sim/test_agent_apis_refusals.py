@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import RouterFactory
-from tests.sim.conftest import FleetFactory
+from tests.sim.conftest import FleetFactory, urls
 
 GOOD_RESPONSE = {"model": "M", "input": "hi", "max_output_tokens": 2}
 GOOD_MESSAGE = {"model": "M", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
@@ -75,7 +75,7 @@ async def test_bad_input_gets_a_4xx_in_the_endpoints_shape(
 ) -> None:
     fleet = await sim_fleet()
     model = fleet.config.model_name()
-    r = await router_factory(fleet.engine_spec_texts())
+    r = await router_factory(urls(fleet))
     if isinstance(body, dict):
         data = aiohttp.JsonPayload(
             {**body, "model": model if body.get("model") == "M" else body.get("model")}
@@ -98,7 +98,7 @@ async def test_oversize_bodies_and_unknown_routes_are_refused_in_shape(
     http: aiohttp.ClientSession,
 ) -> None:
     fleet = await sim_fleet()
-    r = await router_factory(fleet.engine_spec_texts(), max_body_bytes=2000)
+    r = await router_factory(urls(fleet), max_body_bytes=2000)
     async with http.post(r.url + path, data=b'{"input": "' + b"x" * 5000 + b'"}') as resp:
         assert resp.status == 413
         check_shape(path, 413, await resp.json(), "limit")
@@ -112,7 +112,7 @@ async def test_get_and_cancel_of_unknown_ids_and_of_an_unhealthy_engines_ids(
 ) -> None:
     fleet = await sim_fleet()
     model = fleet.config.model_name()
-    r = await router_factory(fleet.engine_spec_texts(), health_interval_s=60)
+    r = await router_factory(urls(fleet), health_interval_s=60)
     for method, suffix in (("GET", ""), ("POST", "/cancel")):
         async with http.request(method, f"{r.url}/v1/responses/resp_unknown{suffix}") as resp:
             assert resp.status == 404
@@ -136,7 +136,7 @@ async def test_an_engines_openai_shaped_refusal_reaches_an_anthropic_client_in_i
 ) -> None:
     fleet = await sim_fleet()
     model = fleet.config.model_name()
-    r = await router_factory(fleet.engine_spec_texts())
+    r = await router_factory(urls(fleet))
     body = {**GOOD_MESSAGE, "model": model, "max_tokens": 10**9}  # over the context: the engine's
     async with http.post(r.url + "/v1/messages", json=body) as resp:
         assert resp.status == 400
@@ -150,7 +150,7 @@ async def test_one_tenant_cannot_reach_anothers_response(
     fleet = await sim_fleet()
     model = fleet.config.model_name()
     keys = {"sk-tenant-a": "a", "sk-tenant-b": "b"}
-    r = await router_factory(fleet.engine_spec_texts(), api_keys=keys)
+    r = await router_factory(urls(fleet), api_keys=keys)
     a = {"Authorization": "Bearer sk-tenant-a"}
     b = {"Authorization": "Bearer sk-tenant-b"}
     body = {"model": model, "input": "hi", "max_output_tokens": 2}

@@ -19,7 +19,7 @@ import pytest
 from hiveroute.protocols.anthropic import cache_control_prefix
 from hiveroute.sim import SimFleet
 from tests.conftest import RouterFactory
-from tests.sim.conftest import FleetFactory
+from tests.sim.conftest import FleetFactory, urls
 from tests.support.access import access_lines
 from tests.support.services import RedisServer
 
@@ -44,7 +44,7 @@ async def test_responses_streamed_and_not_with_usage_counted(
     caplog.set_level(logging.INFO, logger="hiveroute.access")
     fleet = await sim_fleet()
     model = fleet.config.model_name()
-    r = await router_factory(fleet.engine_spec_texts())
+    r = await router_factory(urls(fleet))
     client = openai_client(r.url)
     raw = await client.responses.with_raw_response.create(
         model=model, input="hello there", instructions="be brief", max_output_tokens=8,
@@ -81,8 +81,8 @@ async def test_a_previous_response_id_chain_stays_on_its_engine_through_two_repl
     fleet = await two_engines(sim_fleet)
     model = fleet.config.model_name()
     options = {"policy": "round_robin", "state": redis_server.url + "?timeout_s=5"}
-    a = await router_factory(fleet.engine_spec_texts(), **options)
-    b = await router_factory(fleet.engine_spec_texts(), **options)
+    a = await router_factory(urls(fleet), **options)
+    b = await router_factory(urls(fleet), **options)
     clients = [openai_client(a.url), openai_client(b.url)]
     first = await clients[0].responses.with_raw_response.create(
         model=model, input="remember the number 7", max_output_tokens=4
@@ -134,7 +134,7 @@ async def test_cancel_a_background_response_on_its_engine(
 ) -> None:
     fleet = await two_engines(sim_fleet)
     model = fleet.config.model_name()
-    r = await router_factory(fleet.engine_spec_texts(), policy="round_robin")
+    r = await router_factory(urls(fleet), policy="round_robin")
     client = openai_client(r.url)
     started = await client.responses.with_raw_response.create(
         model=model, input="a long essay", max_output_tokens=2000, background=True
@@ -155,7 +155,7 @@ async def test_messages_streamed_and_not_and_count_tokens(
     caplog.set_level(logging.INFO, logger="hiveroute.access")
     fleet = await sim_fleet()
     model = fleet.config.model_name()
-    r = await router_factory(fleet.engine_spec_texts())
+    r = await router_factory(urls(fleet))
     client = anthropic_client(r.url)
     system = [{"type": "text", "text": "You are terse. " * 20}]
     messages: list[Any] = [{"role": "user", "content": "hello"}]
@@ -192,7 +192,7 @@ async def test_messages_with_x_api_key_and_refusals_in_anthropic_shape(
 ) -> None:
     fleet = await sim_fleet()
     model = fleet.config.model_name()
-    r = await router_factory(fleet.engine_spec_texts(), api_keys={"sk-team-key": "team"})
+    r = await router_factory(urls(fleet), api_keys={"sk-team-key": "team"})
     ok = await anthropic_client(r.url, "sk-team-key").messages.create(
         model=model, max_tokens=4, messages=[{"role": "user", "content": "hi"}]
     )
@@ -215,7 +215,7 @@ async def test_an_agents_sdk_agent_with_a_function_tool_runs_to_completion(
     agents.set_tracing_disabled(True)
     fleet = await sim_fleet()
     model = fleet.config.model_name()
-    r = await router_factory(fleet.engine_spec_texts())
+    r = await router_factory(urls(fleet))
 
     @agents.function_tool
     def add(a: int, b: int) -> int:
@@ -261,7 +261,7 @@ async def test_a_cache_control_prefix_is_kept_warm_on_the_engine_that_served_it(
     fleet = await two_engines(sim_fleet)
     model = fleet.config.model_name()
     r = await router_factory(
-        fleet.engine_spec_texts(), keep_warm_idle_s=1.0, keep_warm_interval_s=3600
+        urls(fleet), keep_warm_idle_s=1.0, keep_warm_interval_s=3600
     )  # the test runs the rounds
     client = anthropic_client(r.url)
     raw = await client.messages.with_raw_response.create(
