@@ -160,6 +160,9 @@ async def test_one_tenant_cannot_reach_anothers_response(
         assert resp.status == 200
     async with http.get(f"{r.url}/v1/responses/{created['id']}", headers=b) as resp:
         assert resp.status == 404
+    async with http.get(f"{r.url}/metrics") as resp:  # one bounded label per API, not per id
+        text = await resp.text()
+    assert 'endpoint="responses"' in text and created["id"] not in text
     follow = {**body, "previous_response_id": created["id"]}
     async with http.post(r.url + "/v1/responses", json=follow, headers=b) as resp:
         assert resp.status == 404
