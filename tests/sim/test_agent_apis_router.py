@@ -8,6 +8,7 @@ counted from each API's own fields, streamed or not.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -284,3 +285,28 @@ async def test_a_cache_control_prefix_is_kept_warm_on_the_engine_that_served_it(
         == 1.0
     )
     assert keep_warm.round(now=hint.last + 301.0) == 0 and not keep_warm.hints  # TTL over
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages"])
+async def test_a_client_leaving_a_stream_aborts_it_on_the_engine(
+    path: str, sim_fleet: FleetFactory, router_factory: RouterFactory
+) -> None:
+    fleet = await sim_fleet(time_scale=5.0)  # slow steps, so the request is still running
+    engine = fleet.engines[0]
+    model = fleet.config.model_name()
+    r = await router_factory(urls(fleet))
+    body: dict[str, Any] = {"model": model, "stream": True}
+    if path == "/v1/responses":
+        body.update(input="write a long essay", max_output_tokens=1000)
+    else:
+        body.update(messages=[{"role": "user", "content": "write"}], max_tokens=1000)
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(r.url + path, json=body)
+        await resp.content.readline()  # the stream began: the request runs on the engine
+        assert engine.scheduler.running
+        resp.close()
+    for _ in range(200):
+        if not engine.scheduler.running:
+            break
+        await asyncio.sleep(0.02)
+    assert not engine.scheduler.running and engine.pool.usage() == 0.0
