@@ -27,6 +27,7 @@ from hiveroute.gateway.admission import AdmissionController
 from hiveroute.gateway.app import build_app
 from hiveroute.gateway.auth import Authenticator
 from hiveroute.gateway.pipeline import RequestPipeline, ServedHook
+from hiveroute.gateway.response_ids import ResponseIds
 from hiveroute.kvindex.index import KvIndex
 from hiveroute.kvindex.service import KvEventService, KvIndexCollector, build_kv_index
 from hiveroute.kvindex.tokenizer import Tokenizer, load_tokenizer
@@ -39,6 +40,7 @@ from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, PluginRegistry, build_policy
 from hiveroute.state.store import StateStore, open_state_store
 from hiveroute.workflows import api as workflow_api
+from hiveroute.workflows.cache_hints import CacheControlHints
 from hiveroute.workflows.placement import WorkflowPlacementScorer
 from hiveroute.workflows.service import WorkflowService
 
@@ -65,6 +67,7 @@ class Router:
     plugins: PluginRegistry
     policy: Policy
     pipeline: RequestPipeline
+    response_ids: ResponseIds
     components: list[Component] = field(default_factory=list)
     _started: list[Component] = field(default_factory=list, repr=False)
 
@@ -178,7 +181,7 @@ def assemble(config: RouterConfig, *, store: StateStore | None = None) -> Router
         policy=policy,
         metrics=metrics,
         admission=admission,
-        hooks=[workflows, ServedHook(kv_events.served)],
+        hooks=[workflows, ServedHook(kv_events.served), CacheControlHints(workflows.keep_warm)],
         retries=config.retries,
         forward_authorization=not auth.enabled,
     )
@@ -199,5 +202,6 @@ def assemble(config: RouterConfig, *, store: StateStore | None = None) -> Router
         plugins=plugins,
         policy=policy,
         pipeline=pipeline,
+        response_ids=ResponseIds(store, pool),
         components=components,
     )

@@ -92,9 +92,17 @@ class EngineClient:
     # --- the proxied request -------------------------------------------------------------------
 
     async def send(
-        self, engine: Engine, path: str, payload: bytes, headers: Mapping[str, str], *, stream: bool
+        self,
+        engine: Engine,
+        path: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        *,
+        stream: bool,
+        method: str = "POST",
     ) -> UpstreamAnswer:
-        """POST to the engine; raise EngineUnreachable if it cannot be reached or stays silent.
+        """POST (or `method`) to the engine; raise EngineUnreachable if it cannot be reached or
+        stays silent.
 
         For a stream, returns once the first chunk arrived (a stream's first chunk is its first
         token), so a silent engine is found within the first-byte timeout and retried elsewhere.
@@ -103,9 +111,10 @@ class EngineClient:
         timeout = aiohttp.ClientTimeout(total=t.request_s, sock_connect=t.connect_s)
         try:
             response = await asyncio.wait_for(
-                self.session.post(
+                self.session.request(
+                    method,
                     f"{engine.url}{path}",
-                    data=payload,
+                    data=payload if method != "GET" else None,
                     headers=self.headers(headers),
                     timeout=timeout,
                 ),

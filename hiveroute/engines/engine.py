@@ -44,6 +44,7 @@ class Engine:
     down_since: float | None = None
     down_but_reachable: bool = False
     block_size: int | None = None
+    kv_capacity_blocks: int | None = None  # the engine's KV cache, as its /metrics reports
 
     @property
     def name(self) -> str:

@@ -17,7 +17,7 @@ import aiohttp
 
 from hiveroute.engines.client import EngineClient
 from hiveroute.engines.engine import Engine, EngineSpec
-from hiveroute.engines.prom_text import parse_prometheus_text
+from hiveroute.engines.prom_text import info_labels, parse_prometheus_text
 
 log = logging.getLogger("hiveroute.engines")
 
@@ -184,3 +184,10 @@ class EnginePool:
             load.kv_usage = usage
         load.scraped_at = time.monotonic()
         load.in_flight_at_scrape = load.in_flight
+        cache = info_labels(text, "vllm:cache_config_info")
+        if cache is not None:
+            blocks, size = cache.get("num_gpu_blocks", ""), cache.get("block_size", "")
+            if blocks.isdigit() and int(blocks) > 0:
+                engine.kv_capacity_blocks = int(blocks)
+            if size.isdigit() and int(size) > 0 and engine.block_size is None:
+                engine.block_size = int(size)

@@ -32,3 +32,38 @@ def parse_prometheus_text(text: str) -> dict[str, float]:
             continue
         totals[name] = totals.get(name, 0.0) + value
     return totals
+
+
+def info_labels(text: str, name: str) -> dict[str, str] | None:
+    """The labels of the first sample of info metric `name` (``vllm:cache_config_info``), or
+    None when the text has none."""
+    prefix = name + "{"
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        end = line.rfind("}")
+        labels: dict[str, str] = {}
+        for part in _split_labels(line[len(prefix) : end]):
+            key, _, value = part.partition("=")
+            labels[key.strip()] = value.strip().strip('"')
+        return labels
+    return None
+
+
+def _split_labels(body: str) -> list[str]:
+    """`a="1",b="x,y"` -> ['a="1"', 'b="x,y"']: commas inside quotes belong to the value."""
+    parts: list[str] = []
+    start, quoted, escaped = 0, False, False
+    for i, ch in enumerate(body):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            quoted = not quoted
+        elif ch == "," and not quoted:
+            parts.append(body[start:i])
+            start = i + 1
+    if body[start:].strip():
+        parts.append(body[start:])
+    return parts

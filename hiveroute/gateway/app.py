@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from aiohttp import web
 
-from hiveroute.errors import HiverouteError, TooManyRequests, error_body
+from hiveroute.errors import HiverouteError, TooManyRequests
+from hiveroute.gateway import messages, responses
+from hiveroute.gateway.apis import api_of_path
 from hiveroute.gateway.completions import handle_completion
 from hiveroute.gateway.parts import GATEWAY_KEY, GatewayParts
 from hiveroute.gateway.request_ids import request_ids
@@ -28,14 +30,16 @@ def json_error(
 
 @web.middleware
 async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error becomes an OpenAI-style JSON body; no stack trace ever reaches a client."""
+    """Every error becomes a JSON body in the shape of the path's API (OpenAI's, Anthropic's
+    on /v1/messages); no stack trace ever reaches a client."""
+    shape = api_of_path(request.path).error_json
     try:
         return await handler(request)
     except HiverouteError as exc:
         headers = None
         if isinstance(exc, TooManyRequests):
             headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))}
-        return json_error(exc.status, exc.to_json(), headers)
+        return json_error(exc.status, shape(exc), headers)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -44,7 +48,9 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
             405: f"method {request.method} is not allowed on {request.path}",
         }.get(exc.status, exc.reason)
         kept = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}  # RFC 9110 on 405
-        return json_error(exc.status, error_body(message, "invalid_request_error"), kept or None)
+        refusal = HiverouteError(message)
+        refusal.status, refusal.error_type = exc.status, "invalid_request_error"
+        return json_error(exc.status, shape(refusal), kept or None)
     except ConnectionResetError:
         # The client went away mid-request: already counted (status 499) and nothing can be
         # sent; a stack trace in the log would only alarm whoever reads it.
@@ -52,9 +58,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         return web.Response(status=499)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return json_error(
-            500, error_body("internal router error; see the router's log", "internal_error")
-        )
+        return json_error(500, shape(HiverouteError("internal router error; see the router's log")))
 
 
 async def handle_models(request: web.Request) -> web.Response:
@@ -113,6 +117,8 @@ def build_app(
     app[GATEWAY_KEY] = parts
     app.router.add_post("/v1/completions", handle_completion)
     app.router.add_post("/v1/chat/completions", handle_completion)
+    responses.add_routes(app)
+    messages.add_routes(app)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)

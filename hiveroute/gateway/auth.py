@@ -1,7 +1,8 @@
 """Client API keys, tenants and the admin key.
 
 With no keys configured the router is open (a trusted network). With `api_keys` set, every
-OpenAI endpoint needs `Authorization: Bearer KEY`; each key belongs to a tenant. The admin key
+OpenAI endpoint needs `Authorization: Bearer KEY` (or, as the Anthropic SDK sends it,
+`x-api-key: KEY`); each key belongs to a tenant. The admin key
 opens the control API and the dashboard for every tenant. The client's key is never forwarded
 to an engine (`engine_api_key` is sent instead, when set).
 
@@ -81,11 +82,14 @@ class Authenticator:
             if not self.enabled or request.path in OPEN_PATHS:
                 return await handler(request)
             principal = self.identify(request.headers.get("Authorization"))
+            if principal is None and "x-api-key" in request.headers:  # the Anthropic SDK's
+                principal = self.identify(f"Bearer {request.headers['x-api-key']}")
             if principal is None and request.path.startswith(ADMIN_PREFIXES):
                 principal = self.identify(_bearer_from_query(request))
             if principal is None:
                 raise Unauthorized(
-                    "missing or unknown API key: send 'Authorization: Bearer <key>'",
+                    "missing or unknown API key: send 'Authorization: Bearer <key>' "
+                    "(or 'x-api-key: <key>')",
                     code="invalid_api_key",
                 )
             if request.path.startswith(ADMIN_PREFIXES) and not principal.is_admin:

@@ -7,8 +7,11 @@ request however it ends) is the RequestPipeline's (gateway/pipeline.py).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
 
+from hiveroute.gateway.apis import CHAT, COMPLETIONS
 from hiveroute.gateway.auth import principal_of
 from hiveroute.gateway.body import check_openai_fields, parse_json_object, read_body
 from hiveroute.gateway.parts import GATEWAY_KEY, GatewayParts
@@ -17,8 +20,11 @@ from hiveroute.gateway.request_ids import request_id_of
 from hiveroute.metadata import extract_metadata
 from hiveroute.routing.base import RoutingRequest
 
+ParseWith = Callable[[GatewayParts, web.Request, str], Awaitable[Inbound]]
 
-async def handle_completion(request: web.Request) -> web.StreamResponse:
+
+async def serve_with(request: web.Request, parse_with: ParseWith) -> web.StreamResponse:
+    """Start the span and hand the pipeline the API's parser: what every API handler does."""
     parts = request.app[GATEWAY_KEY]
     span = None
     if parts.tracing is not None:
@@ -26,16 +32,21 @@ async def handle_completion(request: web.Request) -> web.StreamResponse:
     request_id = request_id_of(request)
 
     async def parse() -> Inbound:
-        return await parse_completion(parts, request, request_id)
+        return await parse_with(parts, request, request_id)
 
     return await parts.pipeline.serve(request, request_id, span, parse)
+
+
+async def handle_completion(request: web.Request) -> web.StreamResponse:
+    return await serve_with(request, parse_completion)
 
 
 async def parse_completion(parts: GatewayParts, request: web.Request, request_id: str) -> Inbound:
     """Read, check and parse the body; the metadata comes out, the tenant's salt goes in."""
     raw = await read_body(request, parts.config.max_body_bytes)
     body = parse_json_object(raw)
-    check_openai_fields(body, chat=request.path.endswith("/chat/completions"))
+    chat = request.path.endswith("/chat/completions")
+    check_openai_fields(body, chat=chat)
     metadata, clean = extract_metadata(body, request.headers)
     tenant = principal_of(request).tenant
     if tenant is not None:  # tenants never share KV blocks (see gateway/auth.py)
@@ -43,4 +54,4 @@ async def parse_completion(parts: GatewayParts, request: web.Request, request_id
     routed = RoutingRequest(
         request_id=request_id, path=request.path, body=clean, metadata=metadata, tenant=tenant
     )
-    return Inbound(routed, raw if clean is body else None)
+    return Inbound(routed, raw if clean is body else None, api=CHAT if chat else COMPLETIONS)

@@ -14,6 +14,7 @@ from hiveroute.config import RouterConfig
 from hiveroute.engines.pool import EnginePool
 from hiveroute.gateway.auth import Authenticator
 from hiveroute.gateway.pipeline import RequestPipeline
+from hiveroute.gateway.response_ids import ResponseIds
 from hiveroute.observability.metrics import RouterMetrics
 from hiveroute.observability.tracing import Tracing
 from hiveroute.routing.policy import Policy
@@ -40,6 +41,9 @@ class GatewayParts(Protocol):
 
     @property
     def pipeline(self) -> RequestPipeline: ...
+
+    @property
+    def response_ids(self) -> ResponseIds: ...
 
 
 GATEWAY_KEY: web.AppKey[GatewayParts] = web.AppKey("gateway", GatewayParts)

@@ -12,6 +12,7 @@ finishes the request: the policy hears how it went, every hook that saw it gets
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,10 +22,12 @@ import orjson
 from aiohttp import web
 
 from hiveroute.engines.client import EngineClient, EngineUnreachable, UpstreamAnswer
+from hiveroute.engines.engine import Engine
 from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import HiverouteError, NoEngineAvailable, NotFound, TooManyRequests
 from hiveroute.gateway.access_log import log_request
 from hiveroute.gateway.admission import AdmissionController
+from hiveroute.gateway.apis import CHAT, Api
 from hiveroute.gateway.proxy import RelayResult, relay_stream, relay_whole, upstream_headers
 from hiveroute.gateway.request_ids import NO_ENGINE, endpoint_label, mark_finished, status_class
 from hiveroute.gateway.usage import Usage
@@ -32,6 +35,8 @@ from hiveroute.observability.metrics import RouterMetrics
 from hiveroute.observability.tracing import RequestSpan
 from hiveroute.routing.base import CycleState, Decision, RequestOutcome, RoutingRequest
 from hiveroute.routing.policy import Policy
+
+log = logging.getLogger("hiveroute.gateway")
 
 
 class RequestHook(Protocol):
@@ -63,13 +68,29 @@ class ServedHook:
             self.served(outcome.engine.name)
 
 
+AnswerSeen = Callable[[Engine, bytes], Awaitable[None]]
+
+
 @dataclass
 class Inbound:
     """A parsed request as the handler hands it over. `raw`: the body's bytes, if the parsed
-    body is still exactly what they say (then they are forwarded byte for byte)."""
+    body is still exactly what they say (then they are forwarded byte for byte).
+
+    `api`: the adapter of the request's API (usage, error shape, prompt). `engine`: the only
+    engine that may serve it (a stored response's), never retried elsewhere. `generation`:
+    False for a request that generates nothing (GET or cancel of a stored response,
+    count_tokens): no hooks, no policy; it goes to `engine`, else to the least loaded.
+    `on_answer`: told the engine and the answer's head (a stream's first chunk, a whole
+    body) before the client has it, so an id in it is recorded before a follow-up can race.
+    """
 
     request: RoutingRequest
     raw: bytes | None = None
+    api: Api = CHAT
+    engine: str | None = None
+    generation: bool = True
+    method: str = "POST"
+    on_answer: AnswerSeen | None = None
 
 
 Parse = Callable[[], Awaitable[Inbound]]
@@ -87,6 +108,7 @@ class Exchange:
     hooked: list[RequestHook] = field(default_factory=list)
     state: CycleState = field(default_factory=CycleState)
     decision: Decision | None = None
+    decided: bool = False  # the policy made `decision` (and so hears how it went)
     result: RelayResult | None = None
     status: int = 500
     error: str | None = None
@@ -185,22 +207,30 @@ class RequestPipeline:
                 param="model",
                 code="model_not_found",
             )
-        for hook in self.hooks:
-            ex.hooked.append(hook)
-            await hook.before_route(request)
+        if inbound.generation:
+            for hook in self.hooks:
+                ex.hooked.append(hook)
+                await hook.before_route(request)
+        api = inbound.api
         stream = bool(request.body.get("stream"))
-        add_usage = stream and not asks_usage(request.body)
+        add_usage = stream and api.ask_stream_usage and not asks_usage(request.body)
         raw = inbound.raw if request.body is original else None  # a hook rewrote the body
-        payload = upstream_payload(request.body, raw, add_usage=add_usage)
+        if inbound.method == "GET":
+            payload = b""
+        else:
+            payload = upstream_payload(request.body, raw, add_usage=add_usage)
         headers = upstream_headers(
             http, ex.request_id, forward_authorization=self.forward_authorization
         )
         if ex.span is not None:
             ex.span.inject(headers)
         policy = self.policy
-        await policy.prepare(request, ex.state)
-        answer = await self._send(ex, request, payload, headers, stream=stream)
+        if inbound.generation:
+            await policy.prepare(request, ex.state)
+        answer = await self._send(ex, inbound, payload, headers, stream=stream)
         engine = answer.engine
+        if answer.is_stream and inbound.on_answer is not None:
+            await self._tell(inbound.on_answer, engine, answer.first_chunk)
         extra = {
             "X-Request-Id": ex.request_id,
             "X-Hiveroute-Engine": engine.name,
@@ -210,11 +240,25 @@ class RequestPipeline:
         response: web.StreamResponse | None = None
         try:
             if answer.is_stream:
+                told = None
+                if ex.decided and api.first_token is not None:
+
+                    def told() -> None:
+                        policy.on_first_token(request, engine, ex.state)
+
                 response, result = await relay_stream(
-                    http, answer, extra, ex.started, drop_usage=add_usage
+                    http,
+                    answer,
+                    extra,
+                    ex.started,
+                    drop_usage=add_usage,
+                    api=api,
+                    first_token=told,
                 )
             else:
-                response, result = await relay_whole(answer, extra, ex.started)
+                response, result = await relay_whole(answer, extra, ex.started, api)
+                if inbound.on_answer is not None and result.body:
+                    await self._tell(inbound.on_answer, engine, result.body)
             ex.result = result
         except (ConnectionResetError, OSError) as exc:  # the client went away mid-relay
             result.error = f"client disconnected: {type(exc).__name__}"
@@ -227,10 +271,28 @@ class RequestPipeline:
             self.pool.report_failure(engine, result.error)
         return response
 
+    @staticmethod
+    async def _tell(on_answer: AnswerSeen, engine: Engine, head: bytes) -> None:
+        """An adapter's bookkeeping must not fail the answer it reads (a state store down)."""
+        try:
+            await on_answer(engine, head)
+        except Exception:
+            log.exception("recording what engine %s answered failed", engine.name)
+
+    def _candidates(self, inbound: Inbound, tried: set[str]) -> list[Engine]:
+        if inbound.engine is not None:  # pinned: that engine, whatever serves the model
+            return [
+                e
+                for e in self.pool.engines
+                if e.name == inbound.engine and e.healthy and e.name not in tried
+            ]
+        found = self.pool.candidates(inbound.request.model)
+        return [e for e in found if e.name not in tried]
+
     async def _send(
         self,
         ex: Exchange,
-        request: RoutingRequest,
+        inbound: Inbound,
         payload: bytes,
         headers: dict[str, str],
         *,
@@ -239,14 +301,22 @@ class RequestPipeline:
         """Choose and send, once more elsewhere if the engine cannot be reached. The engine
         that answered stays counted in flight (the caller uncounts it after the relay)."""
         policy, metrics = self.policy, self.metrics
+        request = inbound.request
         tried: set[str] = set()
         last_error = "no healthy engine"
         for attempt in range(self.retries + 1):
             ex.decision = None  # a filter that empties the candidates leaves no decision
-            candidates = [e for e in self.pool.candidates(request.model) if e.name not in tried]
+            candidates = self._candidates(inbound, tried)
             if not candidates:
                 break
-            decision = ex.decision = policy.decide(request, candidates, ex.state)
+            if inbound.generation:
+                decision = ex.decision = policy.decide(request, candidates, ex.state)
+                ex.decided = True
+            else:
+                least = min(candidates, key=lambda e: e.load.in_flight)
+                reason = "pinned" if inbound.engine is not None else "least_loaded"
+                decision = ex.decision = Decision(engine=least, reason=reason)
+                ex.decided = False
             engine = decision.engine
             tried.add(engine.name)
             if attempt == 0:
@@ -257,25 +327,38 @@ class RequestPipeline:
             engine.load.in_flight += 1
             try:
                 answer = await self.client.send(
-                    engine, request.path, payload, headers, stream=stream
+                    engine,
+                    request.path,
+                    payload,
+                    headers,
+                    stream=stream,
+                    method=inbound.method,
                 )
             except EngineUnreachable as exc:
                 engine.load.in_flight -= 1
                 last_error = str(exc)
                 self.pool.report_failure(engine, last_error, slow=exc.slow)
                 metrics.retries.labels(engine.name).inc()
-                policy.on_completed(
-                    request, RequestOutcome(engine=engine, status=502, error=last_error), ex.state
-                )
+                if ex.decided:
+                    policy.on_completed(
+                        request,
+                        RequestOutcome(engine=engine, status=502, error=last_error),
+                        ex.state,
+                    )
                 continue
             except BaseException:  # cancelled while waiting: nothing may stay counted
                 engine.load.in_flight -= 1
                 raise
-            if answer.is_stream:  # a stream's first chunk is its first token: prefill is over
-                policy.on_first_token(request, engine, ex.state)
+            if answer.is_stream and ex.decided and inbound.api.first_token is None:
+                policy.on_first_token(request, engine, ex.state)  # its first chunk: a token
             return answer
         ex.decision = None  # every engine tried has heard its own failure already
         self.metrics.rejected.labels("no_engine").inc()
+        if inbound.engine is not None:
+            raise NoEngineAvailable(
+                f"engine {inbound.engine}, the only one that can serve this request, "
+                f"could not ({last_error}); try again shortly"
+            )
         raise NoEngineAvailable(
             f"no engine could serve this request ({last_error}); try again shortly"
         )
@@ -300,7 +383,7 @@ class RequestPipeline:
         )
         request = ex.request
         if request is not None:
-            if ex.decision is not None:
+            if ex.decision is not None and ex.decided:
                 self.policy.on_completed(request, outcome, ex.state)
             for hook in ex.hooked:
                 hook.after_complete(request, outcome)

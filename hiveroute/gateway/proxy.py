@@ -8,17 +8,25 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
 
 from hiveroute.engines.client import UpstreamAnswer
-from hiveroute.errors import error_body
+from hiveroute.gateway.apis import CHAT, Api
 from hiveroute.gateway.usage import StreamTail, Usage, usage_from_json_bytes
 
 # Headers passed from the client to the engine; everything else is the router's business.
-FORWARD_REQUEST_HEADERS = ("authorization", "traceparent", "tracestate", "baggage")
+FORWARD_REQUEST_HEADERS = (
+    "authorization",
+    "traceparent",
+    "tracestate",
+    "baggage",
+    "anthropic-version",
+    "anthropic-beta",
+)
 # Headers never copied from the engine's response (hop-by-hop or recomputed by aiohttp).
 DROP_RESPONSE_HEADERS = {
     "content-length",
@@ -40,6 +48,7 @@ class RelayResult:
     bytes_out: int = 0
     itl_s: float | None = None  # mean gap between streamed data events (see relay_stream)
     extra: dict[str, object] = field(default_factory=dict)
+    body: bytes = b""  # a non-streamed answer's body (the adapter may read more than usage)
 
 
 def upstream_headers(
@@ -65,28 +74,27 @@ def response_headers(upstream: aiohttp.ClientResponse, extra: dict[str, str]) ->
 
 
 async def relay_whole(
-    answer: UpstreamAnswer, extra_headers: dict[str, str], started: float
+    answer: UpstreamAnswer, extra_headers: dict[str, str], started: float, api: Api = CHAT
 ) -> tuple[web.Response, RelayResult]:
-    """Relay a non-streamed answer (including an engine's own 4xx, unchanged)."""
+    """Relay a non-streamed answer (an engine's own 4xx unchanged, or in the API's error
+    shape when the engine answered in another)."""
     upstream = answer.response
     try:
         data = await upstream.read()
     finally:
         upstream.release()
     result = RelayResult(status=upstream.status, ttft_s=time.perf_counter() - started)
-    if upstream.status < 400 and upstream.content_type == "application/json":
-        result.usage = usage_from_json_bytes(data)
+    if upstream.content_type == "application/json":
+        if upstream.status < 400:
+            result.usage = usage_from_json_bytes(data, api.usage)
+            result.body = data
+        elif api.engine_error is not None:
+            data = api.engine_error(data)
     response = web.Response(
         body=data, status=upstream.status, headers=response_headers(upstream, extra_headers)
     )
     result.bytes_out = len(data)
     return response, result
-
-
-def sse_error_event(message: str, code: str = "upstream_disconnected") -> bytes:
-    """A well-formed SSE event carrying an OpenAI-style error (the openai client raises on it)."""
-    payload = error_body(message, "upstream_error", code=code)
-    return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 async def relay_stream(
@@ -96,8 +104,13 @@ async def relay_stream(
     started: float,
     *,
     drop_usage: bool = False,
+    api: Api = CHAT,
+    first_token: Callable[[], None] | None = None,
 ) -> tuple[web.StreamResponse, RelayResult]:
-    """Relay an SSE stream chunk by chunk. Engine failure mid-stream ends it with an error event.
+    """Relay an SSE stream chunk by chunk. Engine failure mid-stream ends it with the API's
+    error event; the usage is read from the stream's last events, as the API writes it.
+    `first_token` is called when an API whose stream opens with events before its first token
+    (`api.first_token`) sends that token: its prefill is over then.
 
     `drop_usage`: the router asked the engine for the usage chunk the client did not ask for;
     it is read (for the access log and counters) and not passed on."""
@@ -106,7 +119,8 @@ async def relay_stream(
         status=upstream.status, headers=response_headers(upstream, extra_headers)
     )
     result = RelayResult(status=upstream.status)
-    if answer.first_chunk_at is not None:
+    marker = api.first_token  # None: the first chunk is the first token
+    if answer.first_chunk_at is not None and marker is None:
         result.ttft_s = answer.first_chunk_at - started
     tail = StreamTail()
     usage_filter = UsageChunkFilter() if drop_usage else None
@@ -125,6 +139,10 @@ async def relay_stream(
                     first_event_at = chunk_at
                 events += found
                 last_event_at = chunk_at
+            if marker is not None and result.ttft_s is None and marker in chunk:
+                result.ttft_s = chunk_at - started
+                if first_token is not None:
+                    first_token()
             tail.feed(chunk)
             passed = chunk
             # inline fast path: whole lines without usage pass as they came, no call, no copy
@@ -143,7 +161,7 @@ async def relay_stream(
                     f"engine {answer.engine.name} failed mid-stream: {type(exc).__name__}"
                 )
                 rest = usage_filter.rest() if usage_filter is not None else b""
-                await out.write(rest + sse_error_event(result.error))
+                await out.write(rest + api.stream_error(result.error))
                 break
         rest = usage_filter.rest() if usage_filter is not None else b""
         if rest:  # an unterminated last event: passed on as it came
@@ -151,7 +169,7 @@ async def relay_stream(
         await out.write_eof()
     finally:
         upstream.close()
-    result.usage = tail.usage()
+    result.usage = tail.usage(api.usage)
     if events > 1 and result.error is None:
         result.itl_s = (last_event_at - first_event_at) / (events - 1)
     return out, result

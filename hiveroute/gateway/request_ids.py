@@ -47,7 +47,7 @@ def endpoint_label(path: str) -> str:
     if path.endswith("/completions"):
         return "completions"
     parts = path.strip("/").split("/")
-    known = {"models", "workflows", "contexts"}
+    known = {"models", "workflows", "contexts", "responses", "messages"}
     return parts[1] if len(parts) > 1 and parts[0] == "v1" and parts[1] in known else "other"
 
 

@@ -130,12 +130,15 @@ class KvEventSubscriber:
         if self._monitor_task is not None:
             self._monitor_task.cancel()
             self._monitor_task = None
+        # Stop monitoring while the monitor's pair socket is still open: libzmq tells that
+        # socket the monitor stopped, and with its peer already closed the call could hang.
+        if self._socket is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._socket.disable_monitor()
         if self._monitor is not None:  # closed here: a task cancelled unstarted runs no finally
             self._monitor.close(linger=0)
             self._monitor = None
         if self._socket is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._socket.disable_monitor()
             self._socket.close(linger=0)
             self._socket = None
 

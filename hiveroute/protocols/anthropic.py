@@ -180,3 +180,52 @@ def chat_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
             function["description"] = tool["description"]
         tools.append({"type": "function", "function": function})
     return tools or None
+
+
+CACHE_TTLS_S = {"5m": 300.0, "1h": 3600.0}
+
+
+def cache_control_prefix(body: dict[str, Any]) -> tuple[dict[str, Any], float] | None:
+    """The prefix a request marks for reuse, as a one-token Messages request, and its TTL.
+
+    Anthropic caches the prompt up to the last block with `cache_control` (tools, then
+    `system`, then `messages`), for its `ttl` ("5m", the default, or "1h"). The returned body
+    renders that prefix (a placeholder user turn ends a prefix that stops in `system` or
+    `tools`): sent with max_tokens=1 it refreshes the prefix's blocks on an engine. None when
+    no block has `cache_control`."""
+    last: tuple[str, int, int] | None = None
+    ttl = "5m"
+    for i, tool in enumerate(body.get("tools") or []):
+        if isinstance(tool, dict) and isinstance(tool.get("cache_control"), dict):
+            last, ttl = ("tools", i, 0), str(tool["cache_control"].get("ttl") or "5m")
+    system = body.get("system")
+    if isinstance(system, list):
+        for i, block in enumerate(system):
+            if isinstance(block, dict) and isinstance(block.get("cache_control"), dict):
+                last, ttl = ("system", i, 0), str(block["cache_control"].get("ttl") or "5m")
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for j, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, dict) else None
+            for k, block in enumerate(content if isinstance(content, list) else []):
+                if isinstance(block, dict) and isinstance(block.get("cache_control"), dict):
+                    last, ttl = ("messages", j, k), str(block["cache_control"].get("ttl") or "5m")
+    if last is None:
+        return None
+    where, i, k = last
+    placeholder = [{"role": "user", "content": "."}]
+    prefix: dict[str, Any] = {"model": body.get("model"), "max_tokens": 1}
+    if body.get("tools"):
+        prefix["tools"] = body["tools"]
+    if where == "system":
+        prefix["system"] = system[: i + 1]  # type: ignore[index]
+        prefix["messages"] = placeholder
+    elif where == "tools":
+        prefix["messages"] = placeholder
+    else:
+        if system is not None:
+            prefix["system"] = system
+        head = messages[:i]  # type: ignore[index]
+        message = messages[i]  # type: ignore[index]
+        prefix["messages"] = [*head, {**message, "content": message["content"][: k + 1]}]
+    return prefix, CACHE_TTLS_S.get(ttl, CACHE_TTLS_S["5m"])

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from hiveroute.engines.engine import Engine
 from hiveroute.metadata import RequestMetadata
+
+if TYPE_CHECKING:
+    from hiveroute.kvindex.tokenizer import Tokenizer
 
 
 def load_bound(candidates: Sequence[Engine], load_factor: float, slack: int = 0) -> int:
@@ -39,10 +42,15 @@ class RoutingRequest:
     """What a policy may look at: the cleaned body, its metadata, and the endpoint path."""
 
     request_id: str
-    path: str  # "/v1/completions" or "/v1/chat/completions"
+    path: str  # "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"
     body: dict[str, Any]
     metadata: RequestMetadata
     tenant: str | None = None
+    # The token ids the engine will see, computed as its API does (gateway/apis.py); None: a
+    # completions or chat body, read by kvindex.tokenizer.prompt_token_ids.
+    prompt: Callable[[Tokenizer, dict[str, Any]], list[int]] | None = field(
+        default=None, compare=False, repr=False
+    )
     # What was derived from the body once (its token ids per tokenizer), for every plugin and
     # hook of this request: a 16k-token prompt is tokenized once, not once per reader.
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)

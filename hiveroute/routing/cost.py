@@ -25,9 +25,12 @@ Everything follows from that sum, with no rule of its own:
 - Siblings of a fan-out follow the first while waiting for its prefill costs less than doing
   that prefill again elsewhere: an idle engine's TTFT may tie, its engine time does not.
 
-The live share comes from `LiveSet` (blocks routed to e within its window, over e's capacity in
-blocks as its KV events showed it); before an engine has ever had to evict, writing to it
-evicts nothing. Ties (an idle fleet, nothing cached) go to the engine holding more of the
+The live share is `LiveSet`'s blocks routed to e within its window over e's capacity in blocks:
+what e's /metrics report (vLLM's `vllm:cache_config_info` names `num_gpu_blocks`), else the
+most blocks its KV events showed it holding once it had to evict; an engine whose size is
+unknown and that never had to evict still has room, and writing to it evicts nothing. (Eviction
+is least-recently-used; taking an evicted block to be live with the live share's probability,
+as random eviction would, prices a cache filling up before it is full, not only at the edge.) Ties (an idle fleet, nothing cached) go to the engine holding more of the
 prompt, then to the caller's preference (a workflow's homes), then to the engine with the fewest
 live blocks and the fewest requests in flight.
 """
@@ -98,9 +101,9 @@ class RoutingCost:
         self.index = index
 
     def live_share(self, engine: Engine) -> float:
-        """The share of `engine`'s cache that holds contexts still in use (0 before it ever
-        had to evict: it still has free room)."""
-        capacity = self.index.capacity_blocks(engine.name)
+        """The share of `engine`'s cache that holds contexts still in use (0 while its size is
+        unknown and it never had to evict: it still has free room)."""
+        capacity = engine.kv_capacity_blocks or self.index.capacity_blocks(engine.name)
         if not capacity:
             return 0.0
         return min(1.0, self.live.blocks(engine.name) / capacity)

@@ -41,7 +41,10 @@ def prompt_tokens_of(request: RoutingRequest, tokenizer: Tokenizer) -> list[int]
     key = f"token_ids:{tokenizer.name}"
     if key not in request.memo:
         try:
-            request.memo[key] = prompt_token_ids(tokenizer, request.path, request.body)
+            if request.prompt is not None:  # another API: its adapter knows its prompt
+                request.memo[key] = request.prompt(tokenizer, request.body)
+            else:
+                request.memo[key] = prompt_token_ids(tokenizer, request.path, request.body)
         except (HiverouteError, ValueError, TypeError) as exc:
             log.debug("cannot tokenize request %s: %s", request.request_id, exc)
             request.memo[key] = None

@@ -4,11 +4,15 @@ TTFT ≈ base + queue_depth × per_request_delay + uncached_tokens × prefill_co
        + lower_tier_tokens × prefill_cost × lower_tier_factor
 
 One model per engine, fitted by recursive least squares (with forgetting, so a slower engine or
-a changed load shows up within tens of requests). An engine not measured yet is predicted as the
-mean of the engines that were (engines behind one router usually serve one model on one kind of
-hardware), and its own model starts from there; only before any measurement do the defaults
+a changed load shows up within tens of requests), and predicted through the fleet's: engines
+behind one router usually serve one model on one kind of hardware, so an engine's prediction is
+its own fit and the fleet's mean fit weighted by how much each has measured (the fleet counts as
+ten observations, the engine as its own, up to one forgetting window). An
+engine not measured yet is predicted as the fleet; only before any measurement do the defaults
 below apply. Without that, an engine that got no request early kept the defaults, which are
-slower than most real engines, and so never got one: the router starved it for good. Blocks on a lower
+slower than most real engines, and one whose first two TTFTs were slow (a cold start) kept
+those: either way the router never sent it another request and starved it for good, since it
+only learns from what it routes. Blocks on a lower
 tier (CPU offload, LMCache) are cached but must be loaded back: they cost a fraction of a
 recompute. The `kv` policy uses this object; the `workflow` policy reuses it.
 """
@@ -27,6 +31,7 @@ DEFAULT_QUEUE_S = 0.02
 DEFAULT_PREFILL_S_PER_TOKEN = 1e-4
 DEFAULT_LOWER_TIER_FACTOR = 0.15
 _TOKEN_SCALE = 1000.0  # features in thousands of tokens keep the fit well conditioned
+FLEET_PRIOR_OBSERVATIONS = 10.0  # what the fleet's fit weighs in an engine's prediction
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,13 @@ class TtftPredictor:
         self.lower_tier_factor = lower_tier_factor
         self.forgetting = forgetting
         self._models: dict[str, _EngineModel] = {}
-        self._fleet_theta: np.ndarray | None = None  # mean of the measured engines' models
+        self._fleet_theta: np.ndarray | None = None  # mean of the measured engines' fits
+        self._effective: dict[str, np.ndarray] = {}  # engine -> its fit shrunk to the fleet's
+        # the observations a fit remembers: 1 / (1 - forgetting), e.g. 50 at 0.98
+        self._window = 1.0 / (1.0 - forgetting) if forgetting < 1.0 else 1000.0
+        # the fleet's fit counts as this many observations of an engine's own: after a few
+        # of its own TTFTs an engine is predicted mostly from them
+        self._prior_weight = FLEET_PRIOR_OBSERVATIONS
 
     def _model(self, engine: str) -> _EngineModel:
         model = self._models.get(engine)
@@ -75,16 +86,32 @@ class TtftPredictor:
             model = self._models[engine] = _EngineModel(self._prior)
         return model
 
+    def _weight(self, model: _EngineModel) -> float:
+        """How many observations an engine's fit stands for (forgetting caps it at a window)."""
+        return float(min(model.observations, self._window))
+
     def _theta(self, engine: str) -> np.ndarray:
-        """The engine's fitted model, or the fleet's while it has no measurement of its own."""
-        model = self._models.get(engine)
-        if model is not None and model.observations > 0:
-            return model.theta
+        """The model `engine` is predicted with: its fit, shrunk towards the fleet's."""
+        found = self._effective.get(engine)
+        if found is not None:
+            return found
         return self._fleet_theta if self._fleet_theta is not None else self._prior
 
     def _refresh_fleet(self) -> None:
-        learned = [m.theta for m in self._models.values() if m.observations > 0]
-        self._fleet_theta = np.mean(learned, axis=0) if learned else None
+        measured = [m for m in self._models.values() if m.observations > 0]
+        if not measured:
+            self._fleet_theta = None
+            self._effective = {}
+            return
+        weights = np.array([self._weight(m) for m in measured])
+        fleet = np.average([m.theta for m in measured], axis=0, weights=weights)
+        self._fleet_theta = fleet
+        self._effective = {
+            name: (self._weight(m) * m.theta + self._prior_weight * fleet)
+            / (self._weight(m) + self._prior_weight)
+            for name, m in self._models.items()
+            if m.observations > 0
+        }
 
     def prefill_cost(self, engine: str) -> float:
         """Seconds per uncached prompt token on `engine` as learned so far."""

@@ -149,7 +149,9 @@ class SimEngine:
             enable_chunked_prefill=config.enable_chunked_prefill,
         )
         self.faults = FaultKnobs(**{**config.faults.to_json(), "seed": config.seed + index})
-        self.metrics = EngineMetrics(self.model_name, index)
+        self.metrics = EngineMetrics(
+            self.model_name, index, num_gpu_blocks=self.pool.num_blocks, block_size=self.block_size
+        )
         self.publisher: EventPublisher | None = None
         self.eos_token_id = _eos_token_id(tokenizer)
         self._out_ids, self._out_texts = _output_stream(tokenizer, self.eos_token_id)

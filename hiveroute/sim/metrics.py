@@ -63,7 +63,9 @@ class Histogram(Collector):
 class EngineMetrics:
     """One engine's registry (no global state: several engines share a process)."""
 
-    def __init__(self, model_name: str, engine_index: int) -> None:
+    def __init__(
+        self, model_name: str, engine_index: int, *, num_gpu_blocks: int, block_size: int
+    ) -> None:
         self.registry = CollectorRegistry()
         labels = ("model_name", "engine")
         values = (model_name, str(engine_index))
@@ -80,6 +82,14 @@ class EngineMetrics:
             r.register(collector)
             return collector
 
+        # vLLM exports its CacheConfig as the labels of an info gauge (value 1); routers read the
+        # cache's size from it
+        Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            ("num_gpu_blocks", "block_size", "enable_prefix_caching"),
+            registry=r,
+        ).labels(str(num_gpu_blocks), str(block_size), "True").set(1)
         self.running = gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches."
         )

@@ -21,8 +21,10 @@ first agent asks (`prewarm`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -38,6 +40,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("hiveroute.workflows.keepwarm")
 
 MAX_TASKS = 64
+MAX_PREFIX_HINTS = 1024
+
+
+@dataclass
+class PrefixHint:
+    """A prefix a client said it will reuse (Anthropic's `cache_control`): kept warm on the
+    engine that served it until `until`, by a one-token request on `path` with `body`."""
+
+    engine: str
+    path: str
+    body: dict[str, Any]
+    until: float
+    last: float  # last used or warmed
 
 
 class TokenBucket:
@@ -86,6 +101,7 @@ class KeepWarm:
         self.sent = 0
         self._task: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
+        self.hints: collections.OrderedDict[tuple[str, str], PrefixHint] = collections.OrderedDict()
 
     def under_pressure(self, engine: Engine) -> bool:
         """An engine whose cache (pins included) is fuller than `keep_warm_max_kv_usage` needs
@@ -132,10 +148,37 @@ class KeepWarm:
             except Exception:
                 log.exception("keep-warm round failed")
 
-    def round(self, now: float | None = None) -> int:
-        """One pass over active workflows; returns how many warm requests it launched."""
-        now = time.monotonic() if now is None else now
+    def hint(self, engine: str, path: str, body: dict[str, Any], ttl_s: float, key: str) -> None:
+        """Keep `body`'s prefix warm on `engine` for `ttl_s` (renewed by each use; the oldest
+        of more than MAX_PREFIX_HINTS is dropped). `key` names the prefix."""
+        now = time.monotonic()
+        self.hints.pop((engine, key), None)
+        self.hints[(engine, key)] = PrefixHint(engine, path, body, now + ttl_s, now)
+        while len(self.hints) > MAX_PREFIX_HINTS:
+            self.hints.popitem(last=False)
+
+    def _warm_hints(self, now: float) -> int:
+        """Touch each hinted prefix idle for `keep_warm_idle_s`, within the shared budget."""
         launched = 0
+        for key, hint in list(self.hints.items()):
+            if now >= hint.until:
+                del self.hints[key]
+                continue
+            engine = self.pool.get(hint.engine)
+            if engine is None or not engine.healthy or now - hint.last < self.idle_s:
+                continue
+            if len(self._inflight) >= MAX_TASKS or not self.bucket.take():
+                break
+            hint.last = now
+            self._launch(self._send(engine, hint.path, hint.body, "cache_control"))
+            launched += 1
+        return launched
+
+    def round(self, now: float | None = None) -> int:
+        """One pass over active workflows and hinted prefixes; returns how many warm
+        requests it launched."""
+        now = time.monotonic() if now is None else now
+        launched = self._warm_hints(now)
         for view in self.service.registry.active_views():
             if not view.engines or view.busy(now, self.stale_after_s):
                 continue

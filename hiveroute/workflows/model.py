@@ -51,6 +51,7 @@ class RequestRecord:
     cached_tokens: int | None = None
     cross_agent_cached_tokens: int | None = None
     status: str = "running"  # running | ok | error | cancelled | HTTP status as text
+    parent_agent_id: str | None = None  # a subagent's parent agent (or session)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

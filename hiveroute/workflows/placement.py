@@ -14,14 +14,23 @@ What a workflow adds is knowledge the KV events cannot have yet:
 - among engines of equal cost (nothing known), its homes come first, so every replica sends the
   workflow where the others did.
 An agent returns to the engine holding its own history because the KV index says so, not by a
-rule. Requests without a workflow are priced like any other.
+rule. Subagents, with or without a workflow: a request that names a parent seen by this router
+(`parent_agent_id`, `parent_session_id`, `parent_request_id`; workflows/parents.py) expects the
+parent's engine to hold what its prompt shares with the parent's last prompt (a fan-out that
+starts from the parent's context reuses it there), and that engine comes first among equal
+costs; it still goes elsewhere when the predicted cost says so. The hand-off from the parent's
+end to the subagent's start is measured (hiveroute_handoff_latency_seconds). Requests without
+a workflow or a parent are priced like any other.
 
 Reasons (CycleState["reason"]): workflow_new_home, workflow_home, workflow_spill (to an
 existing secondary home), workflow_new_spill (a new secondary home), workflow_none (no
-workflow id), workflow_home_moved (the home left the pool).
+workflow id), workflow_home_moved (the home left the pool), subagent_parent (a request
+without a workflow placed on its parent's engine).
 """
 
 from __future__ import annotations
+
+import time
 
 from hiveroute.engines.engine import Engine
 from hiveroute.kvindex.index import PrefixMatch
@@ -37,7 +46,8 @@ from hiveroute.routing.cache_aware import PrefixMatcher, decision_memory
 from hiveroute.routing.cost import CachedPrompt, RoutingCost, scores_from_costs
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.registry import PluginContext
-from hiveroute.routing.request_tokens import TOKEN_IDS_KEY, request_block_keys
+from hiveroute.routing.request_tokens import TOKEN_IDS_KEY, cache_salt, request_block_keys
+from hiveroute.workflows.parents import Parents, Seen, chain_of, shared_tokens
 from hiveroute.workflows.registry import WorkflowView
 from hiveroute.workflows.scope import scoped
 from hiveroute.workflows.service import WorkflowService
@@ -49,6 +59,8 @@ MEMORY_KEY: StateKey[dict[str, PrefixMatch]] = StateKey("workflow_decision_memor
 HELD_KEY: StateKey[dict[str, CachedPrompt]] = StateKey("workflow_expected_held")
 # engine name -> predicted TTFT, as this scorer saw them (for logs and tests)
 PREDICTED_KEY: StateKey[dict[str, float]] = StateKey("workflow_predicted_ttft")
+# the request's parent (a subagent's), as this router last saw it placed
+PARENT_KEY: StateKey[Seen | None] = StateKey("workflow_parent")
 MAX_AGENT_ENGINES = 1024
 
 
@@ -105,11 +117,14 @@ class WorkflowPlacementScorer(Scorer):
         self.memory = decision_memory(ctx.tokenizer, matches_key=MEMORY_KEY)
         # the router's one cost model (the `kv` policy's ledger, live set and index)
         self.cost = RoutingCost(self.ledger, ctx.costs.live, ctx.kv_index)
+        # where each agent, session and request was last placed: a subagent's parent
+        self.parents = Parents()
 
     # --- before the decision: agree on the home --------------------------------------------
 
     async def prepare(self, request: RoutingRequest, state: CycleState) -> None:
         tokens = self.matcher.tokens(request, state)
+        state[PARENT_KEY] = self.parents.parent_of(request.metadata, request.tenant)
         name = request.metadata.workflow_id
         service = self.service
         if name is None or service is None:
@@ -161,8 +176,19 @@ class WorkflowPlacementScorer(Scorer):
         workflow's engines at least (1) its registered shared context (pre-warmed, or in flight
         for a sibling) and (2) what another of its engines is known to hold, since they all
         served the workflow's shared prefix (this replica may not have seen it go there). The
-        agent's own engine does not lend what it holds: that is the agent's own history."""
+        agent's own engine does not lend what it holds: that is the agent's own history.
+        A subagent's parent's engine is expected to hold what its prompt shares with the
+        parent's last one."""
         held = {e.name: self.known(request, state, e) for e in candidates}
+        parent: Seen | None = state.get(PARENT_KEY)
+        if parent is not None and parent.engine in held:
+            tokens = state.get(TOKEN_IDS_KEY)
+            if isinstance(tokens, list):
+                shared = shared_tokens(parent.chain, chain_of(tokens, cache_salt(request)))
+                found = held[parent.engine]
+                held[parent.engine] = CachedPrompt(
+                    max(found.gpu_tokens, shared), found.lower_tokens
+                )
         if view is None:
             return held
         mine = view.agent_engines.get(request.metadata.agent_id or "")
@@ -182,11 +208,17 @@ class WorkflowPlacementScorer(Scorer):
         held = self.expected(request, state, view, candidates)
         state[HELD_KEY] = held
         costs = [self.cost.price(e, n, held[e.name]) for e in candidates]
-        # among equal costs (nothing known of what the engines hold), the workflow's homes:
-        # so every replica sends its requests where the others did
-        chosen = RoutingCost.cheapest(costs, view.engines if view is not None else ())
+        # among equal costs (nothing known of what the engines hold), a subagent's parent's
+        # engine, then the workflow's homes: so every replica sends its requests where the
+        # others did
+        parent: Seen | None = state.get(PARENT_KEY)
+        prefer = [parent.engine] if parent is not None else []
+        prefer += view.engines if view is not None else []
+        chosen = RoutingCost.cheapest(costs, prefer)
         name = chosen.engine.name
-        if view is None:
+        if view is None and parent is not None and name == parent.engine:
+            reason = "subagent_parent"
+        elif view is None:
             reason = "workflow_none"
         elif name == view.home:
             reason = "workflow_home"
@@ -213,7 +245,16 @@ class WorkflowPlacementScorer(Scorer):
         if isinstance(tokens, list) and tokens and size is not None:
             self.cost.routed(engine, request_block_keys(request, state, tokens, size))
         service = self.service
-        agent = request.metadata.agent_id
+        meta = request.metadata
+        chain = chain_of(tokens, cache_salt(request)) if isinstance(tokens, list) else []
+        self.parents.routed(
+            Parents.own_keys(meta, request.request_id, request.tenant), engine.name, chain
+        )
+        parent: Seen | None = state.get(PARENT_KEY)
+        if view is None and service is not None and parent is not None and parent.ended_at:
+            # a workflow's hand-offs are measured by its registry; this request has none
+            service.metrics.handoff.observe(max(0.0, time.time() - parent.ended_at))
+        agent = meta.agent_id
         if view is not None and agent is not None:
             view.agent_engines[agent] = engine.name
             while len(view.agent_engines) > MAX_AGENT_ENGINES:
@@ -235,3 +276,6 @@ class WorkflowPlacementScorer(Scorer):
                     chars / outcome.prompt_tokens
                 )
         self.ledger.completed(request, outcome, state)
+        if outcome.ok and outcome.engine is not None:
+            keys = Parents.own_keys(request.metadata, request.request_id, request.tenant)
+            self.parents.ended(keys, outcome.engine.name)

@@ -425,6 +425,7 @@ class WorkflowRegistry:
         agent_role: str | None,
         stage: str | None,
         parent_request_id: str | None,
+        parent_agent_id: str | None = None,
     ) -> RequestRecord:
         now = self.clock()
         wid = view.id
@@ -438,6 +439,7 @@ class WorkflowRegistry:
             stage=stage,
             parent_request_id=parent_request_id,
             started_at=now,
+            parent_agent_id=parent_agent_id,
         )
         handoff = await self._handoff(wid, record)
         if handoff is not None and self.handoff_observer is not None:
@@ -470,7 +472,8 @@ class WorkflowRegistry:
         return record
 
     async def _handoff(self, workflow_id: str, record: RequestRecord) -> Handoff | None:
-        """The hand-off into this request: from its parent, else the latest other agent's end."""
+        """The hand-off into this request: from its parent request, else its parent agent's
+        (or session's) latest end, else the latest other agent's end."""
         me = record.agent_id
         if me is None:
             return None
@@ -486,10 +489,16 @@ class WorkflowRegistry:
                 agent: json.loads(raw)
                 for agent, raw in (await self.store.hgetall(_k("last", workflow_id))).items()
             }
-            mine = last.get(me, {}).get("ended_at") or 0.0
-            others = [v for a, v in last.items() if a != me and v["ended_at"] > mine]
-            if others:
-                source = max(others, key=lambda v: v["ended_at"])
+            parent_agent = record.parent_agent_id
+            if parent_agent and parent_agent != me:  # a subagent: from its parent's end
+                found = last.get(parent_agent)
+                if found is not None and found.get("ended_at") is not None:
+                    source = found
+            else:
+                mine = last.get(me, {}).get("ended_at") or 0.0
+                others = [v for a, v in last.items() if a != me and v["ended_at"] > mine]
+                if others:
+                    source = max(others, key=lambda v: v["ended_at"])
         if source is None:
             return None
         return Handoff(

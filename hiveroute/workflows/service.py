@@ -213,6 +213,7 @@ class WorkflowService:
             agent_role=meta.agent_role,
             stage=meta.stage,
             parent_request_id=meta.parent_request_id,
+            parent_agent_id=meta.parent_agent_id or meta.parent_session_id,
         )
         now = time.monotonic()
         self._pending[request.request_id] = _Pending(view, record, now)

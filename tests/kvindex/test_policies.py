@@ -441,3 +441,39 @@ def test_an_engine_not_measured_yet_is_predicted_as_the_measured_ones() -> None:
     assert predictor.prefill_cost("b") == pytest.approx(predictor.prefill_cost("a"))
     predictor.observe("b", queue_depth=0, uncached_tokens=5000, ttft_s=0.2)  # b is slower
     assert 2e-5 < predictor.prefill_cost("b") < 1e-4  # from the fleet's model, not the default
+
+
+def test_an_engine_whose_first_ttfts_were_slow_is_predicted_near_the_fleet() -> None:
+    """A cold start makes an engine's first TTFTs slow; predicted from those alone it would get
+    no further request, and so never show it is as fast as the others."""
+    predictor = TtftPredictor()
+    for _ in range(60):  # "a" is well measured: 2e-5 s a token
+        predictor.observe("a", queue_depth=0, uncached_tokens=5000, ttft_s=0.11)
+        predictor.observe("a", queue_depth=0, uncached_tokens=1000, ttft_s=0.03)
+    predictor.observe("b", queue_depth=0, uncached_tokens=1200, ttft_s=0.09)  # cold: 2-3x
+    predictor.observe("b", queue_depth=0, uncached_tokens=1200, ttft_s=0.07)
+    alone = TtftPredictor()  # b's two TTFTs with no fleet to lean on
+    alone.observe("b", queue_depth=0, uncached_tokens=1200, ttft_s=0.09)
+    alone.observe("b", queue_depth=0, uncached_tokens=1200, ttft_s=0.07)
+    assert predictor.prefill_cost("b") < 1.5 * predictor.prefill_cost("a")
+    assert predictor.prefill_cost("b") < 0.5 * alone.prefill_cost("b")
+    for _ in range(200):  # b really is slower: its own measurements win over time
+        predictor.observe("b", queue_depth=0, uncached_tokens=5000, ttft_s=0.51)
+        predictor.observe("b", queue_depth=0, uncached_tokens=1000, ttft_s=0.11)
+    assert predictor.prefill_cost("b") > 2 * predictor.prefill_cost("a")
+
+
+def test_the_cache_size_an_engine_reports_prices_evictions_before_it_ever_evicts() -> None:
+    engine = Engine(EngineSpec("http://127.0.0.1:8100"))
+    metrics = (
+        "vllm:num_requests_running 0\n"
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="10"} 1.0\n'
+    )
+    EnginePool._apply_metrics(engine, metrics)
+    assert engine.kv_capacity_blocks == 10 and engine.block_size == 16
+    predictor = TtftPredictor(prefill_s_per_token=1e-4)
+    live = LiveSet(clock=lambda: 0.0)
+    cost = RoutingCost(TtftLedger(predictor, PrefillBacklog(clock=lambda: 0.0)), live, KvIndex())
+    live.touch(engine.name, list(range(5)))  # half its 10 blocks hold live contexts
+    priced = cost.price(engine, 1000, CachedPrompt())
+    assert priced.evict_s == pytest.approx(1000 * 1e-4 * 0.5)

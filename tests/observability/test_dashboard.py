@@ -181,6 +181,10 @@ async def test_dashboard_shows_what_the_apis_return(
     assert set(bars) == set(rows) == {r["request_id"] for r in requests}
     for req in requests:
         bar, row = bars[req["request_id"]], rows[req["request_id"]]
+        # streamed without stream_options.include_usage, as agents send them: the router asked
+        # the engine for usage itself, so every request shows its prompt and cached tokens
+        assert req["prompt_tokens"] and req["cached_tokens"] is not None, req
+        assert float(bar["prompt_tokens"]) > 0 and bar["cached_tokens"] not in ("", None)
         assert bar["engine"] == req["engine"] and row["engine"] == req["engine"]
         for field in ("ttft_s", "cached_tokens", "prompt_tokens"):
             assert close(bar[field], req[field]), (field, bar[field], req[field])

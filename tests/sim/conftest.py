@@ -13,6 +13,12 @@ from hiveroute.sim import SimConfig, SimFleet
 FleetFactory = Callable[..., Awaitable[SimFleet]]
 
 
+def urls(fleet: SimFleet) -> list[str]:
+    """The engines' plain URLs: a router that subscribes to no KV events (tests that start
+    and stop many routers quickly; routing then learns from its own decisions)."""
+    return [engine.url for engine in fleet.engines]
+
+
 @pytest.fixture
 async def sim_fleet() -> AsyncIterator[FleetFactory]:
     fleets: list[SimFleet] = []

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from hiveroute.engines.prom_text import parse_prometheus_text
+from hiveroute.engines.prom_text import info_labels, parse_prometheus_text
 from hiveroute.engines.vllm_local import (
     CPU_BLOCK_SIZE,
     VllmServer,
@@ -77,7 +77,8 @@ async def _run(url: str, events: str, model: str) -> dict[str, Any]:
     received = await sub.drain(quiet_s=1.5)
     sub.close()
     async with aiohttp.ClientSession() as session:
-        metrics = parse_prometheus_text(await (await session.get(f"{url}/metrics")).text())
+        text = await (await session.get(f"{url}/metrics")).text()
+        metrics = parse_prometheus_text(text)
     return {
         "usages": usages,
         "stored": stored_blocks(received),
@@ -86,6 +87,7 @@ async def _run(url: str, events: str, model: str) -> dict[str, Any]:
         "hits": metrics["vllm:prefix_cache_hits_total"],
         "queries": metrics["vllm:prefix_cache_queries_total"],
         "chat_prompt_tokens": chunks[-1].usage.prompt_tokens,
+        "cache_config": info_labels(text, "vllm:cache_config_info") or {},
     }
 
 
@@ -141,3 +143,7 @@ async def test_simulator_matches_real_vllm(real_vllm: VllmServer, model_dir: Pat
     assert real["removed"], "the sequence should have made real vLLM evict"
     assert sim["removed"] == real["removed"]
     assert {"BlockStored", "BlockRemoved"} <= real["types"] == sim["types"]
+    # The cache's size, which the router reads to price evictions, is reported alike.
+    for label in ("num_gpu_blocks", "block_size"):
+        assert sim["cache_config"][label] == real["cache_config"][label], label
+    assert int(real["cache_config"]["num_gpu_blocks"]) == NUM_BLOCKS

@@ -137,3 +137,62 @@ async def test_prompt_token_counts_equal_real_vllms(real_vllm: str, tiny_dir: Pa
     finally:
         await fleet.stop()
     assert simulated == real
+
+
+async def test_a_responses_chain_and_a_messages_stream_through_the_router(
+    real_vllm: str, tiny_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The router in front of real vLLM: a `previous_response_id` chain (recorded id -> engine,
+    GET of the last id) with the openai SDK, and a Messages stream with the anthropic SDK,
+    its usage counted from the last `message_delta`."""
+    import logging
+
+    import anthropic
+    import openai
+
+    from hiveroute.config import RouterConfig
+    from hiveroute.server import start_router
+    from tests.support.access import access_lines
+
+    caplog.set_level(logging.INFO, logger="hiveroute.access")
+    config = RouterConfig(
+        engine=[real_vllm], host="127.0.0.1", port=0, tokenizer=str(tiny_dir)
+    ).validate()
+    running = await start_router(config)
+    try:
+        client = openai.AsyncOpenAI(base_url=running.url + "/v1", api_key="x", max_retries=0)
+        previous = None
+        for turn in ("my name is Ada", "what is my name?", "spell it"):
+            response = await client.responses.create(
+                model="tiny", input=turn, previous_response_id=previous, max_output_tokens=4
+            )
+            assert response.usage is not None and response.usage.input_tokens > 0
+            previous = response.id
+        assert previous is not None
+        assert await running.router.response_ids.engine_of(None, previous) is not None
+        got = await client.responses.retrieve(previous)
+        assert got.id == previous
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.create(
+                model="tiny", input="x", previous_response_id="resp_unknown", max_output_tokens=2
+            )
+
+        claude = anthropic.AsyncAnthropic(base_url=running.url, api_key="x", max_retries=0)
+        kinds = []
+        async with claude.messages.stream(
+            model="tiny",
+            max_tokens=4,
+            system="be brief",
+            messages=[{"role": "user", "content": "hello"}],
+            extra_headers={"X-Request-Id": "real-msg"},
+        ) as stream:
+            async for event in stream:
+                kinds.append(event.type)
+            final = await stream.get_final_message()
+        assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+        [line] = access_lines(caplog, "real-msg")
+        whole = final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)
+        assert line["prompt_tokens"] == whole > 0
+        assert line["completion_tokens"] == final.usage.output_tokens
+    finally:
+        await running.stop()

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI, BadRequestError, NotFoundError
 
-from hiveroute.engines.prom_text import parse_prometheus_text
+from hiveroute.engines.prom_text import info_labels, parse_prometheus_text
 from hiveroute.sim.engine import RequestHandle
 from hiveroute.sim.intake import INTAKE_MAX_WAIT
 from tests.sim.conftest import FleetFactory
@@ -399,3 +399,26 @@ async def test_requests_are_taken_in_in_arrival_order_without_a_long_wait(
     assert await asyncio.gather(*tasks) == [200, 200, 200]
     assert submitted == [1, 2, 3]
     assert len(waits) == 3 and max(waits) <= INTAKE_MAX_WAIT
+
+
+async def test_metrics_report_the_cache_size_as_vllm_does(sim_fleet: FleetFactory) -> None:
+    """vLLM's CacheConfig is the labels of `vllm:cache_config_info`; the router reads
+    `num_gpu_blocks` there to know how much an engine's cache holds."""
+    fleet = await sim_fleet()
+    engine = fleet.engines[0]
+    async with aiohttp.ClientSession() as session:
+        text = await (await session.get(f"{engine.url}/metrics")).text()
+    labels = info_labels(text, "vllm:cache_config_info")
+    assert labels is not None
+    assert int(labels["num_gpu_blocks"]) == engine.pool.num_blocks
+    assert int(labels["block_size"]) == engine.block_size
+
+
+def test_info_labels_read_quoted_values_with_commas() -> None:
+    text = 'x 1\nvllm:cache_config_info{block_size="16",note="a,b",num_gpu_blocks="4000"} 1.0\n'
+    assert info_labels(text, "vllm:cache_config_info") == {
+        "block_size": "16",
+        "note": "a,b",
+        "num_gpu_blocks": "4000",
+    }
+    assert info_labels(text, "vllm:other_info") is None

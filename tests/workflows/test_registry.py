@@ -31,6 +31,7 @@ async def run_request(
     prompt: int = 100,
     cached: int = 0,
     cross: int = 0,
+    parent_agent: str | None = None,
 ) -> None:
     view = await reg.ensure(wid)
     record = await reg.start_request(
@@ -40,6 +41,7 @@ async def run_request(
         agent_role=agent.split("-")[0],
         stage="s1",
         parent_request_id=parent,
+        parent_agent_id=parent_agent,
     )
     clock.now += duration
     await reg.finish_request(
@@ -164,3 +166,16 @@ async def test_home_is_agreed_once() -> None:
     assert await b.claim_home(vb, "e2") == "e1"
     assert await b.replace_home(vb, "e1", "e3") == "e3"
     assert await a.replace_home(va, "e1", "e4") == "e3"  # lost the race: reads the winner
+
+
+async def test_a_subagents_handoff_is_from_its_parent_agent() -> None:
+    reg, clock = make()
+    await run_request(reg, clock, "w", "l1", "lead", ttft=0.1, duration=1.0)
+    await run_request(reg, clock, "w", "o1", "other", ttft=0.1, duration=1.0)
+    clock.now += 0.75
+    # the latest other agent to end is `other`; the subagent's parent is `lead`
+    await run_request(reg, clock, "w", "s1", "sub-0", ttft=0.1, duration=1.0, parent_agent="lead")
+    handoffs = (await reg.describe("w"))["handoffs"]
+    assert (handoffs[-1]["from_agent"], handoffs[-1]["to_agent"]) == ("lead", "sub-0")
+    assert handoffs[-1]["from_request_id"] == "l1"
+    assert handoffs[-1]["latency_s"] == pytest.approx(1.75)
