@@ -112,10 +112,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # what --log-lev
 class RouterConfig:
     host: str = _opt("address to listen on", "0.0.0.0")
     port: int = _opt("port to listen on", 8080)
-    workers: int | None = _opt(
-        f"router processes serving the port (SO_REUSEPORT), sharing state; default one per "
-        f"core, at most {MAX_WORKERS}; 1: a single process",
-        None,
+    workers: int = _opt(
+        f"router processes serving the port (SO_REUSEPORT), sharing state, at most "
+        f"{MAX_WORKERS}; 1 (the default): a single process, whose routing the benchmarks measure",
+        1,
     )
     engine: list[str] = _opt(
         "engine URL, optionally with ',events=tcp://HOST:PORT'; repeat for several. "
@@ -265,7 +265,7 @@ class RouterConfig:
     def validate(self) -> RouterConfig:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {self.port}")
-        if self.workers is not None and not 1 <= self.workers <= MAX_WORKERS:
+        if not 1 <= self.workers <= MAX_WORKERS:
             raise ConfigError(
                 f"workers must be 1..{MAX_WORKERS} (router processes on this host), "
                 f"got {self.workers}"

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from hiveroute.assembly import Router, assemble
-from hiveroute.config import MAX_WORKERS, RouterConfig
+from hiveroute.config import RouterConfig
 from hiveroute.runtime import wait_for_shutdown_signal
 
 log = logging.getLogger("hiveroute.server")
@@ -84,7 +83,7 @@ async def serve(config: RouterConfig, *, serve_workers: ServeWorkers | None = No
         config.engine = [spec_text for spec_text in specs]
         log.info("no engine configured: started %d embedded simulated engines", len(specs))
     try:
-        workers = config.workers if config.workers is not None else default_workers()
+        workers = config.workers
         if workers > 1 and serve_workers is not None:
             await serve_workers(config, workers)
             return
@@ -97,12 +96,3 @@ async def serve(config: RouterConfig, *, serve_workers: ServeWorkers | None = No
     finally:
         if fleet is not None:
             await fleet.stop()
-
-
-def default_workers() -> int:
-    """One worker per core this process may run on, at most MAX_WORKERS."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(MAX_WORKERS, cores))
