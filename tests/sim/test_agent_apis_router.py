@@ -273,7 +273,7 @@ async def test_a_cache_control_prefix_is_kept_warm_on_the_engine_that_served_it(
     served = raw.headers[ENGINE]
     keep_warm = r.router.workflows.keep_warm
     [hint] = keep_warm.hints.values()
-    assert hint.engine == served and hint.until - hint.last == 300.0
+    assert hint.engine == served and hint.until - hint.last == pytest.approx(300.0)
     assert keep_warm.round(now=hint.last + 0.5) == 0  # not idle yet
     assert keep_warm.round(now=hint.last + 2.0) == 1  # idle: touched on its engine
     await keep_warm.drain()
