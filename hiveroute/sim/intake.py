@@ -96,6 +96,29 @@ async def admit(
     return Admitted(handle, drop_after)
 
 
+def drop_connection(
+    engine: SimEngine,
+    handle: RequestHandle,
+    request: web.Request,
+    sent: int,
+    drop_after: int | None,
+) -> bool:
+    """The mid-stream fault (`drop_after` tokens sent, the request not finished): abort the
+    request and kill the connection. True when it fired, and the stream must end here."""
+    if drop_after is None or sent < drop_after:
+        return False
+    engine.abort(handle)
+    if request.transport is not None:
+        request.transport.abort()  # fault: the connection dies mid-stream
+    return True
+
+
+def stream_cut(handle: RequestHandle, request: web.Request) -> bool:
+    """The stream cannot finish: the request was aborted or its client went away."""
+    transport = request.transport
+    return handle.finish_reason == "abort" or (transport is not None and transport.is_closing())
+
+
 async def outputs(handle: RequestHandle) -> AsyncIterator[Output]:
     """The request's outputs as they come (for APIs that frame each one themselves), ending
     with the output that finishes it, or when it is aborted."""

@@ -34,8 +34,10 @@ from hiveroute.sim.intake import (
     admit,
     chat_sampling_fields,
     check_model,
+    drop_connection,
     json_response,
     outputs,
+    stream_cut,
 )
 from hiveroute.sim.requests import sampling_params
 
@@ -349,14 +351,9 @@ async def _stream(
                 "response.output_text.delta",
                 {"content_index": 0, "delta": out.text, **at, "logprobs": []},
             )
-        if drop_after is not None and sent >= drop_after and out.finish_reason is None:
-            engine.abort(handle)
-            if request.transport is not None:
-                request.transport.abort()  # fault: the connection dies mid-stream
+        if out.finish_reason is None and drop_connection(engine, handle, request, sent, drop_after):
             return resp
-    if handle.finish_reason == "abort" or (
-        request.transport is not None and request.transport.is_closing()
-    ):
+    if stream_cut(handle, request):
         return resp
     text = "".join(parts)
     await events.send(
