@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hiveroute.config import EngineSpec
+from hiveroute.engines.load_board import EngineCell
 
 
 @dataclass
@@ -29,6 +30,41 @@ class EngineLoad:
     def queue_depth(self) -> float:
         """Requests the engine is busy with: ours now (always fresh) plus others' at last scrape."""
         return self.in_flight + self.foreign
+
+    @property
+    def router_in_flight(self) -> int:
+        """Requests the whole router has in flight there (what `foreign` leaves out of a
+        scrape): this process's, when it is the router."""
+        return self.in_flight
+
+
+class SharedEngineLoad(EngineLoad):
+    """An engine's load in one worker of several (`serve --workers`): the worker's own count
+    is published on the load board as it changes, and the router's requests in flight are
+    every worker's. A subclass, so that a single router pays nothing for it."""
+
+    def __init__(self, cell: EngineCell) -> None:
+        self.cell = cell
+        self._in_flight = 0
+        super().__init__()
+
+    @property
+    def in_flight(self) -> int:
+        """This worker's requests in flight there."""
+        return self._in_flight
+
+    @in_flight.setter
+    def in_flight(self, value: int) -> None:
+        self._in_flight = value
+        self.cell.publish_in_flight(value)
+
+    @property
+    def router_in_flight(self) -> int:
+        return self.cell.router_in_flight()
+
+    @property
+    def queue_depth(self) -> float:
+        return self.cell.router_in_flight() + self.foreign
 
 
 @dataclass

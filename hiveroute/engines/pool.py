@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable
 import aiohttp
 
 from hiveroute.engines.client import EngineClient
-from hiveroute.engines.engine import Engine, EngineSpec
+from hiveroute.engines.engine import Engine, EngineLoad, EngineSpec, SharedEngineLoad
+from hiveroute.engines.load_board import LoadBoard
 from hiveroute.engines.prom_text import info_labels, parse_prometheus_text
 
 log = logging.getLogger("hiveroute.engines")
@@ -32,6 +33,7 @@ class EnginePool:
         client: EngineClient | None = None,
         health_interval_s: float = 2.0,
         failures_to_down: int = 2,
+        board: LoadBoard | None = None,
     ) -> None:
         self._engines: dict[str, Engine] = {}
         self.health_interval_s = health_interval_s
@@ -43,6 +45,9 @@ class EnginePool:
         # Health checks go through the router's EngineClient (the engine's key and timeouts);
         # a pool built without one (policy tests) never checks.
         self.client = client
+        # Under `serve --workers`: the host's load board, where this worker counts its requests
+        # in flight on each engine and reads its siblings' (None: this process is the router).
+        self.board = board
         for spec in specs:
             self.add(spec)
 
@@ -60,15 +65,24 @@ class EnginePool:
         existing = self._engines.get(spec.name)
         if existing is not None and existing.spec == spec:
             return existing
-        engine = Engine(spec=spec)
+        if existing is not None and self.board is not None:
+            self.board.leave(spec.name)  # the old one's late requests must not count on the new
+        engine = Engine(spec=spec, load=self._new_load(spec.name))
         self._engines[spec.name] = engine
         for listener in self._on_added:
             listener(engine)
         return engine
 
+    def _new_load(self, name: str) -> EngineLoad:
+        """A fresh engine's load: on the board when there is one (and room on it)."""
+        cell = self.board.join(name) if self.board is not None else None
+        return EngineLoad() if cell is None else SharedEngineLoad(cell)
+
     def remove(self, name: str) -> None:
         engine = self._engines.pop(name, None)
         if engine is not None:
+            if self.board is not None:  # its counts must not linger on the siblings' view
+                self.board.leave(name)
             for listener in self._on_removed:
                 listener(engine)
 
@@ -183,7 +197,7 @@ class EnginePool:
         if usage is not None:
             load.kv_usage = usage
         load.scraped_at = time.monotonic()
-        load.in_flight_at_scrape = load.in_flight
+        load.in_flight_at_scrape = load.router_in_flight  # every worker's: none is foreign
         cache = info_labels(text, "vllm:cache_config_info")
         if cache is not None:
             blocks, size = cache.get("num_gpu_blocks", ""), cache.get("block_size", "")

@@ -10,6 +10,10 @@ The engine works through its backlog meanwhile: an engine 300 ms into an 8k-toke
 nearly free, one that has just been sent it is not. Given the engine's prefill cost, the
 backlog counts as drained at that rate since the engine began on what is left (when its
 backlog was last empty, or its last first token came back).
+
+Under `serve --workers` each worker routes to the same engines: given the host's load board,
+a worker publishes its own backlog on each engine there and counts its siblings' too, each
+sibling's drained from when that sibling's began.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hiveroute.engines.engine import Engine
+from hiveroute.engines.load_board import LoadBoard
 from hiveroute.routing.base import CycleState, StateKey
 
 # (engine name, tokens) this request added to the backlog
@@ -36,18 +41,26 @@ class PrefillBacklog:
     """Per engine: uncached prompt tokens and requests routed there, first token not yet
     back."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, board: LoadBoard | None = None
+    ) -> None:
+        self.clock = clock  # under workers: a clock every process shares (time.monotonic)
+        self.board = board  # the host's load board under `serve --workers`, else None
         self._by_engine: dict[str, _EngineBacklog] = {}
 
     def of(self, engine: str) -> tuple[int, int]:
         """(tokens, requests) sent to `engine` and not yet prefilled."""
+        if self.board is not None:
+            tokens, requests, _ = self._with_siblings(engine, None)
+            return tokens, requests
         found = self._by_engine.get(engine)
         return (found.tokens, found.requests) if found else (0, 0)
 
     def remaining(self, engine: str, seconds_per_token: float | None = None) -> float:
         """Tokens `engine` still has to prefill: all of them, or, given its prefill cost,
         less what it will have prefilled since it began on them."""
+        if self.board is not None:
+            return self._with_siblings(engine, seconds_per_token)[2]
         found = self._by_engine.get(engine)
         if found is None:
             return 0.0
@@ -62,9 +75,34 @@ class PrefillBacklog:
         """A TTFT predictor's inputs for a request with `uncached` tokens: the requests
         decoding there, and the tokens to prefill before its first token (the backlog
         drained at `seconds_per_token` when given)."""
-        _, requests = self.of(engine.name)
-        backlog = self.remaining(engine.name, seconds_per_token)
+        if self.board is not None:  # one read of the board for both
+            _, requests, backlog = self._with_siblings(engine.name, seconds_per_token)
+        else:
+            _, requests = self.of(engine.name)
+            backlog = self.remaining(engine.name, seconds_per_token)
         return max(0.0, engine.load.queue_depth - requests), backlog + uncached
+
+    def _with_siblings(
+        self, engine: str, seconds_per_token: float | None
+    ) -> tuple[int, int, float]:
+        """Under workers: (tokens, requests, tokens remaining) on `engine` of this worker's
+        backlog and each sibling's, each drained from when it began."""
+        assert self.board is not None
+        found = self._by_engine.get(engine)
+        backlogs: list[tuple[float, float, float]] = []
+        if found is not None:
+            backlogs.append((found.tokens, found.requests, found.since))
+        cell = self.board.cell(engine)
+        if cell is not None:
+            backlogs += cell.sibling_backlogs()
+        rate = seconds_per_token or 0.0
+        now = self.clock() if rate > 0 else 0.0
+        tokens = requests = left = 0.0
+        for their_tokens, their_requests, since in backlogs:
+            tokens += their_tokens
+            requests += their_requests
+            left += max(0.0, their_tokens - (now - since) / rate) if rate > 0 else their_tokens
+        return int(tokens), int(requests), left
 
     def add(self, engine: str, uncached: int, state: CycleState) -> None:
         """The request was routed to `engine` with `uncached` tokens to prefill (a retry
@@ -76,6 +114,8 @@ class PrefillBacklog:
         entry.tokens += max(0, uncached)
         entry.requests += 1
         state[BACKLOG_KEY] = (engine, max(0, uncached))
+        if self.board is not None:
+            self._publish(engine, entry)
 
     def settle(self, state: CycleState) -> None:
         """The request's prefill is over (first token, end or failure); idempotent."""
@@ -90,3 +130,16 @@ class PrefillBacklog:
             found.since = self.clock()  # what is left starts now, as far as we know
             if found.requests <= 0:
                 del self._by_engine[name]
+            if self.board is not None:
+                self._publish(name, found)
+
+    def _publish(self, engine: str, entry: _EngineBacklog) -> None:
+        """This worker's backlog on `engine`, for its siblings to count (none: zeros)."""
+        assert self.board is not None
+        cell = self.board.cell(engine)
+        if cell is None:  # not on the board (full, or the engine left): local only
+            return
+        if entry.requests <= 0:
+            cell.publish_backlog(0, 0, 0.0)
+        else:
+            cell.publish_backlog(entry.tokens, entry.requests, entry.since)

@@ -1,0 +1,234 @@
+"""The load board: what every worker of one host has in flight on each engine, in shared memory.
+
+Under `serve --workers N` each worker is a whole router that counts only its own requests; the
+engines' /metrics show the siblings' ones seconds later. A call to the parent per request costs
+more CPU than the routing it would improve, so the workers publish their counts on a board: a
+file in their run dir, mapped by every worker, with one row per worker and one cell per engine
+in each row (requests in flight, prefill backlog tokens and requests, when that backlog began).
+A worker writes only its own row, so a cell has one writer and needs no lock; a reader may see
+a sibling's number a moment old, or a row half updated, which routing tolerates as it tolerates
+a scrape seconds old.
+
+Engines come and go at run time (DNS, Kubernetes), so which cell is whose engine is itself on
+the board: a table of 64-bit name hashes, open addressing, changed only under a file lock (once
+per engine per worker). A slot records which workers hold it and is freed when the last one
+lets the engine go, so churn does not fill the table; when it is full all the same, the engine
+is counted locally only (a warning, once). It lives under `engines` because both the pool and
+the prefill backlog (routing) read it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import mmap
+import os
+import struct
+from collections.abc import Iterator
+
+import numpy as np
+import numpy.typing as npt
+
+log = logging.getLogger("hiveroute.engines")
+
+MAX_WORKERS = 8  # `serve --workers` allows 1..8; a slot's holders are bits of one word
+DEFAULT_SLOTS = 1024
+_MAGIC = b"HRBOARD1"
+_HEADER = struct.Struct("<8sQQ")  # magic, workers, slots
+_HEADER_BYTES = 64
+_EMPTY, _FREED = 0, 1  # hash values that mark a slot never used / given back
+# a cell's fields, each a float64 (counts are exact to 2**53)
+IN_FLIGHT, BACKLOG_TOKENS, BACKLOG_REQUESTS, BACKLOG_SINCE = range(4)
+FIELDS = 4
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def name_hash(name: str) -> int:
+    """An engine name's 64-bit key in the slot table (never one of the two markers)."""
+    value = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+    return value if value > _FREED else value + 2
+
+
+def _layout(workers: int, slots: int) -> tuple[int, int, int, int]:
+    """Offsets of the hashes, the holders and the cells, and the file's size."""
+    hashes = _HEADER_BYTES
+    holders = hashes + 8 * slots
+    cells = holders + 8 * slots
+    return hashes, holders, cells, cells + 8 * workers * slots * FIELDS
+
+
+class EngineCell:
+    """One engine's cells on the board, as one worker sees them: `mine` (this worker's, to
+    write) is a row of `column` (every worker's, to read). Both are numpy views of the shared
+    memory until the worker lets the engine go; then they point at private zeros, so a late
+    write from a request still on that engine reaches no one."""
+
+    __slots__ = ("column", "in_flight_column", "index", "mine")
+
+    def __init__(self, column: FloatArray, index: int) -> None:
+        self.index = index  # this worker's row in `column`
+        self._point(column)
+
+    def _point(self, column: FloatArray) -> None:
+        self.column = column
+        self.mine = column[self.index]
+        self.in_flight_column = column[:, IN_FLIGHT]  # every worker's requests in flight
+
+    def detach(self) -> None:
+        self._point(np.zeros_like(self.column))
+
+    def router_in_flight(self) -> int:
+        """Requests every worker has in flight on the engine (a list sum: cheaper than numpy's
+        for at most 8 numbers)."""
+        return int(sum(self.in_flight_column.tolist()))
+
+    def publish_in_flight(self, requests: int) -> None:
+        self.mine[IN_FLIGHT] = requests
+
+    def publish_backlog(self, tokens: int, requests: int, since: float) -> None:
+        mine = self.mine
+        mine[BACKLOG_TOKENS] = tokens
+        mine[BACKLOG_REQUESTS] = requests
+        mine[BACKLOG_SINCE] = since
+
+    def sibling_backlogs(self) -> list[tuple[float, float, float]]:
+        """(tokens, requests, since) of every other worker with a backlog on the engine."""
+        rows = self.column.tolist()
+        del rows[self.index]
+        return [
+            (row[BACKLOG_TOKENS], row[BACKLOG_REQUESTS], row[BACKLOG_SINCE])
+            for row in rows
+            if row[BACKLOG_REQUESTS] > 0
+        ]
+
+
+class LoadBoard:
+    """One worker's handle on the board: its row to write, every row to read, and the engines
+    it has joined (name -> cell)."""
+
+    def __init__(self, path: str, worker: int) -> None:
+        with open(path, "r+b") as file:
+            self._map = mmap.mmap(file.fileno(), 0)
+        magic, workers, slots = _HEADER.unpack_from(self._map, 0)
+        if magic != _MAGIC:
+            raise ValueError(f"{path} is not a hiveroute load board")
+        if not 0 <= worker < workers:
+            raise ValueError(f"worker {worker} has no row on a board for {workers} workers")
+        self.path, self.worker, self.workers, self.slots = path, worker, int(workers), int(slots)
+        hashes, holders, cells, _ = _layout(self.workers, self.slots)
+        self._hashes = np.frombuffer(self._map, np.uint64, self.slots, hashes)
+        self._holders = np.frombuffer(self._map, np.uint64, self.slots, holders)
+        self._cells = np.frombuffer(
+            self._map, np.float64, self.workers * self.slots * FIELDS, cells
+        ).reshape(self.workers, self.slots, FIELDS)
+        self._joined: dict[str, tuple[int, EngineCell]] = {}
+        self._warned_full = False
+
+    @staticmethod
+    def create(path: str, workers: int, slots: int = DEFAULT_SLOTS) -> None:
+        """Lay out an empty board for `workers` workers at `path` (the parent, before any
+        worker attaches); removing the file (with the run dir) is its end."""
+        if not 1 <= workers <= MAX_WORKERS:
+            raise ValueError(f"a load board holds 1..{MAX_WORKERS} workers, not {workers}")
+        size = _layout(workers, slots)[3]
+        with open(path, "wb") as file:
+            file.write(_HEADER.pack(_MAGIC, workers, slots).ljust(_HEADER_BYTES, b"\0"))
+            file.truncate(size)  # the rest reads as zeros: every slot empty, every count 0
+        open(_lock_path(path), "wb").close()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(_lock_path(self.path), "ab") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def cell(self, name: str) -> EngineCell | None:
+        """The engine's cell, if this worker has joined it (None: counted locally only)."""
+        found = self._joined.get(name)
+        return found[1] if found is not None else None
+
+    def join(self, name: str) -> EngineCell | None:
+        """This worker counts the engine on the board from now on: its slot (shared by every
+        worker that joins the same name), or None when the table is full."""
+        found = self._joined.get(name)
+        if found is not None:
+            return found[1]
+        key = name_hash(name)
+        bit = np.uint64(1 << self.worker)
+        with self._locked():
+            slot = self._find(key)
+            if slot is None:
+                slot = self._free_slot(key)
+                if slot is None:
+                    if not self._warned_full:
+                        log.warning(
+                            "the load board's %d engine slots are taken: engine %s (and any "
+                            "other new one) is counted by each worker alone",
+                            self.slots,
+                            name,
+                        )
+                        self._warned_full = True
+                    return None
+                self._hashes[slot] = key
+            self._holders[slot] |= bit
+        self._cells[self.worker, slot] = 0.0
+        cell = EngineCell(self._cells[:, slot], self.worker)
+        self._joined[name] = (slot, cell)
+        return cell
+
+    def leave(self, name: str) -> None:
+        """The engine left this worker's pool: zero this worker's cell for it, stop writing to
+        it, and give the slot back when no worker holds it any more."""
+        found = self._joined.pop(name, None)
+        if found is None:
+            return
+        slot, cell = found
+        cell.detach()
+        self._cells[self.worker, slot] = 0.0
+        with self._locked():
+            self._holders[slot] &= ~np.uint64(1 << self.worker)
+            if self._holders[slot] == 0:
+                self._hashes[slot] = _FREED
+
+    def _probe(self, key: int) -> Iterator[int]:
+        start = key % self.slots
+        for step in range(self.slots):
+            yield (start + step) % self.slots
+
+    def _find(self, key: int) -> int | None:
+        """The slot holding `key` (under the lock)."""
+        for slot in self._probe(key):
+            held = int(self._hashes[slot])
+            if held == key:
+                return slot
+            if held == _EMPTY:
+                return None
+        return None
+
+    def _free_slot(self, key: int) -> int | None:
+        """The first slot on `key`'s probe path that is empty or given back (under the lock)."""
+        for slot in self._probe(key):
+            if int(self._hashes[slot]) in (_EMPTY, _FREED):
+                return slot
+        return None
+
+    def close(self) -> None:
+        """Stop writing to the board; the mapping goes with the last view of it."""
+        for _, cell in self._joined.values():
+            cell.detach()
+        self._joined.clear()
+
+
+def _lock_path(path: str) -> str:
+    return path + ".lock"
+
+
+def board_path(run_dir: str) -> str:
+    """Where a run dir's board lives."""
+    return os.path.join(run_dir, "load.board")
