@@ -22,6 +22,7 @@ from aiohttp import web
 from hiveroute.config import RouterConfig
 from hiveroute.engines.client import EngineClient, EngineTimeouts
 from hiveroute.engines.discovery import build_discovery
+from hiveroute.engines.load_board import LoadBoard
 from hiveroute.engines.pool import EnginePool
 from hiveroute.gateway.admission import AdmissionController
 from hiveroute.gateway.app import build_app
@@ -35,6 +36,7 @@ from hiveroute.lifecycle import Component
 from hiveroute.observability.dashboard import add_dashboard_routes
 from hiveroute.observability.metrics import RouterMetrics
 from hiveroute.observability.tracing import Tracing, build_tracing
+from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.costs import CostModel
 from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, PluginRegistry, build_policy
@@ -112,10 +114,13 @@ class Router:
         )
 
 
-def assemble(config: RouterConfig, *, store: StateStore | None = None) -> Router:
+def assemble(
+    config: RouterConfig, *, store: StateStore | None = None, board: LoadBoard | None = None
+) -> Router:
     """Build a router from its config (nothing runs until `start()`); `store`, when given, is
     the shared state instead of the one `config.state` names (a worker's view of its parent's
-    store under `serve --workers`)."""
+    store under `serve --workers`); `board`, when given, is the host's load board, where this
+    worker and its siblings count what each has in flight on each engine (workers.py)."""
     client = EngineClient(
         api_key=config.engine_api_key,
         timeouts=EngineTimeouts(
@@ -125,7 +130,10 @@ def assemble(config: RouterConfig, *, store: StateStore | None = None) -> Router
         ),
     )
     pool = EnginePool(
-        config.engine_specs, client=client, health_interval_s=config.health_interval_s
+        config.engine_specs,
+        client=client,
+        health_interval_s=config.health_interval_s,
+        board=board,
     )
     metrics = RouterMetrics(config.metrics_roles)
     auth = Authenticator(config.client_api_keys(), config.admin_key, config.salt_secret)
@@ -150,7 +158,7 @@ def assemble(config: RouterConfig, *, store: StateStore | None = None) -> Router
     kv_events = KvEventService(pool, kv_index, topic=config.kv_events_topic)
     metrics.registry.register(KvIndexCollector(kv_events))
     components.append(kv_events)
-    costs = CostModel()
+    costs = CostModel(backlog=PrefillBacklog(board=board))
     store = store if store is not None else open_state_store(config.state)
     bind_metrics = getattr(store, "bind_metrics", None)
     if bind_metrics is not None:  # Redis: health, metrics and connections live with the router

@@ -4,9 +4,12 @@ The parent reserves the port (bound with SO_REUSEPORT, never listening), serves 
 on a Unix socket (hiveroute.state.shared, unless `state` names Redis) and starts N workers. Each
 worker is a whole router, assembled by hiveroute.assembly, listening on the port with
 SO_REUSEPORT (the kernel spreads connections over them) and subscribing to the engines' KV events
-itself. Each worker also serves its own /metrics and dashboard overview on a private Unix socket,
-so whichever worker answers `/metrics` or `/dashboard/api/overview` merges all of them: the page
-shows the whole router, not one worker. SIGTERM or SIGINT stops the workers; the parent waits.
+itself. The workers share what each has in flight on each engine (requests, prefill backlog) on
+a load board in shared memory (hiveroute.engines.load_board) that the parent lays out before they
+start, so each routes knowing its siblings' load. Each worker also serves its own /metrics and
+dashboard overview on a private Unix socket, so whichever worker answers `/metrics` or
+`/dashboard/api/overview` merges all of them: the page shows the whole router, not one worker.
+SIGTERM or SIGINT stops the workers; the parent waits.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from aiohttp import web
 from hiveroute import runtime
 from hiveroute.assembly import Router, assemble
 from hiveroute.config import RouterConfig
+from hiveroute.engines.load_board import LoadBoard, board_path
 from hiveroute.gateway.access_log import configure_logging
 from hiveroute.gateway.app import handle_metrics
 from hiveroute.gateway.parts import GATEWAY_KEY
@@ -57,6 +61,7 @@ class WorkerSpec:
     count: int
     run_dir: str
     state_path: str | None  # the parent's state socket; None: `state` is Redis
+    board_path: str | None = None  # the workers' load board (engines/load_board.py)
 
     def metrics_socket(self, index: int) -> str:
         return os.path.join(self.run_dir, f"worker-{index}.sock")
@@ -91,18 +96,20 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     run_dir = tempfile.mkdtemp(prefix="hiveroute-")
+    board = board_path(run_dir)  # removed with the run dir
     reserved = reserve_port(config.host, config.port)
     state: StateServer | None = None
     processes: list[multiprocessing.process.BaseProcess] = []
     try:
         config.port = int(reserved.getsockname()[1])
+        LoadBoard.create(board, count)
         if config.state == "memory":
             state = StateServer(os.path.join(run_dir, "state.sock"))
             await state.start()
         context = multiprocessing.get_context("spawn")
         pipes: list[Connection] = []
         for index in range(count):
-            spec = WorkerSpec(config, index, count, run_dir, state.path if state else None)
+            spec = WorkerSpec(config, index, count, run_dir, state.path if state else None, board)
             receive, send = context.Pipe(duplex=False)
             process = context.Process(
                 target=worker_main, args=(spec, send), name=f"hiveroute-worker-{index}"
@@ -213,7 +220,8 @@ def worker_main(spec: WorkerSpec, ready: Connection) -> None:
 
 async def _worker(spec: WorkerSpec, ready: Connection) -> None:
     store = SharedStateClient(spec.state_path) if spec.state_path else None
-    router = assemble(spec.config, store=store)
+    board = LoadBoard(spec.board_path, spec.index) if spec.board_path else None
+    router = assemble(spec.config, store=store, board=board)
     siblings = Siblings(spec)
     running = await start_router(
         spec.config, router=router, reuse_port=True, extend=siblings.extend
@@ -227,6 +235,8 @@ async def _worker(spec: WorkerSpec, ready: Connection) -> None:
         await private.cleanup()
         await siblings.close()
         await running.stop()
+        if board is not None:
+            board.close()
 
 
 async def _serve_private(router: Router, path: str) -> web.AppRunner:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -133,3 +135,79 @@ async def test_two_workers_serve_one_port_share_workflows_and_metrics_and_stop_o
     for pid in served:  # the workers are gone too
         with pytest.raises(ProcessLookupError):
             os.kill(int(pid), 0)
+
+
+async def _overview(url: str) -> dict[str, Any]:
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with (
+        aiohttp.ClientSession(connector=connector) as http,
+        http.get(f"{url}/dashboard/api/overview") as resp,
+    ):
+        assert resp.status == 200
+        found: dict[str, Any] = await resp.json()
+        return found
+
+
+async def test_each_worker_counts_the_requests_its_siblings_hold_in_flight() -> None:
+    """A stream held open on one worker is in the other's queue depth (the load board): the
+    overview's per-engine queue depth is the first worker's view, its in-flight count the
+    sum of every worker's own."""
+    engine = FakeEngine()
+    engine.behaviour.hold_after_chunk = 0  # every stream waits after its first chunk
+    await engine.start()
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "hiveroute", "serve", "--engine", engine.url, "--host", "127.0.0.1",
+        "--port", str(port), "--workers", "2", "--policy", "least_load",
+        "--log-level", "warning", stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    held: list[tuple[aiohttp.ClientSession, aiohttp.ClientResponse]] = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(600):
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"{url}/health") as resp:
+                        if resp.status == 200:
+                            break
+                await asyncio.sleep(0.1)
+        holders: dict[str, int] = {}
+        body = {"model": "m", "prompt": "p", "stream": True}
+        while len(holders) < 2:  # a stream held on each worker
+            assert len(held) < 60, f"one worker took every connection: {holders}"
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+            resp = await session.post(f"{url}/v1/completions", json=body)
+            held.append((session, resp))
+            assert resp.status == 200
+            await resp.content.readline()  # its first chunk: routed, counted, held
+            pid = resp.headers[WORKER_HEADER]
+            holders[pid] = holders.get(pid, 0) + 1
+        overview = await _overview(url)
+        [seen] = overview["engines"]
+        assert seen["in_flight"] == len(held)  # each worker's own, summed
+        assert seen["queue_depth"] == len(held)  # one worker's view: its siblings' too
+        engine.release.set()
+        for session, resp in held:
+            await resp.read()
+            resp.release()
+            await session.close()
+        held.clear()
+        for _ in range(100):  # each worker uncounts a request just after its last byte
+            [seen] = (await _overview(url))["engines"]
+            if seen["queue_depth"] == seen["in_flight"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert seen["queue_depth"] == seen["in_flight"] == 0
+    finally:
+        engine.release.set()
+        for session, resp in held:
+            resp.release()
+            await session.close()
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=60)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        await engine.stop()
