@@ -110,16 +110,15 @@ class EngineClient:
         t = self.timeouts
         timeout = aiohttp.ClientTimeout(total=t.request_s, sock_connect=t.connect_s)
         try:
-            response = await asyncio.wait_for(
-                self.session.request(
+            # asyncio.timeout, not wait_for: no task of its own for each request
+            async with asyncio.timeout(t.first_byte_s if stream else t.request_s):
+                response = await self.session.request(
                     method,
                     f"{engine.url}{path}",
                     data=payload if method != "GET" else None,
                     headers=self.headers(headers),
                     timeout=timeout,
-                ),
-                timeout=t.first_byte_s if stream else t.request_s,
-            )
+                )
         except TimeoutError:
             raise EngineUnreachable(f"no response from {engine.name} in time", slow=True) from None
         except aiohttp.ClientError as exc:
@@ -131,9 +130,8 @@ class EngineClient:
         answer = UpstreamAnswer(engine=engine, response=response)
         if answer.is_stream:
             try:
-                answer.first_chunk = await asyncio.wait_for(
-                    response.content.readany(), timeout=t.first_byte_s
-                )
+                async with asyncio.timeout(t.first_byte_s):
+                    answer.first_chunk = await response.content.readany()
             except (TimeoutError, aiohttp.ClientError) as exc:
                 response.close()
                 raise EngineUnreachable(

@@ -112,6 +112,7 @@ class Exchange:
     result: RelayResult | None = None
     status: int = 500
     error: str | None = None
+    overhead_s: float | None = None  # arrival to the first upstream send: the router's own time
 
     def fail(self, status: int, message: str) -> None:
         self.status, self.error = status, message
@@ -320,7 +321,8 @@ class RequestPipeline:
             engine = decision.engine
             tried.add(engine.name)
             if attempt == 0:
-                metrics.overhead.labels(policy.name).observe(time.perf_counter() - ex.started)
+                ex.overhead_s = time.perf_counter() - ex.started
+                metrics.overhead.labels(policy.name).observe(ex.overhead_s)
             metrics.decisions.labels(policy.name, decision.reason).inc()
             if ex.span is not None:
                 ex.span.set_routed(engine.name, policy.name, decision.reason, attempt)
@@ -410,6 +412,7 @@ class RequestPipeline:
                 "ttft_ms": _ms(outcome.ttft_s),
                 "itl_ms": _ms(result.itl_s if result is not None else None),
                 "duration_ms": round(duration * 1000, 3),
+                "overhead_ms": _ms(ex.overhead_s),
                 "prompt_tokens": outcome.prompt_tokens,
                 "cached_tokens": outcome.cached_tokens,
                 "completion_tokens": outcome.completion_tokens,

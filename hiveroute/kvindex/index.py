@@ -306,12 +306,14 @@ class KvIndex:
     # --- queries -----------------------------------------------------------------------------
 
     def match(self, engine: str, keys: Sequence[BlockKey], block_size: int) -> PrefixMatch:
-        """The longest prefix of `keys` the engine holds, split by tier."""
+        """The longest prefix of `keys` the engine holds, split by tier. (A lookup does not
+        refresh a block's place in the index's LRU order: the engine's events and the router's
+        speculation do, for the blocks actually used.)"""
         now = self.clock()
         gpu = lower = spec = 0
-        blocks = self._blocks
+        get = self._blocks.get
         for key in keys:
-            entry = blocks.get(key)
+            entry = get(key)
             if entry is None:
                 break
             tiers = entry.holders.get(engine)
@@ -324,7 +326,6 @@ class KvIndex:
                 lower += 1
             else:
                 break
-            blocks.move_to_end(key)
         return PrefixMatch(block_size, gpu, lower, spec)
 
     def match_tokens(

@@ -130,8 +130,12 @@ class BuiltinTokenizer:
         self, text: str, add_special_tokens: bool
     ) -> tuple[list[int], list[int]]:
         pieces = _PIECE.findall(text)  # they tile the text: each starts where the last ended
-        known = self._ids.get
-        ids = [known(p) or self._piece_id(p) for p in pieces]
+        found = list(map(self._ids.get, pieces))  # known pieces at C speed
+        ids: list[int] = (
+            [i if i is not None else self._piece_id(p) for i, p in zip(found, pieces, strict=True)]
+            if None in found
+            else found  # type: ignore[assignment]  # no None left
+        )
         starts = [0, *accumulate(map(len, pieces[:-1]))] if pieces else []
         if add_special_tokens:
             return [BUILTIN_SPECIAL["<s>"], *ids], [0, *starts]

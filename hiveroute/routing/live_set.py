@@ -13,7 +13,6 @@ Bookkeeping only: what the live share means for a decision is `routing/cost.py`'
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from hiveroute.kvindex.blocks import BlockKey
@@ -23,8 +22,14 @@ from hiveroute.kvindex.blocks import BlockKey
 DEFAULT_LIVE_WINDOW_S = 30.0
 
 
+# Expired blocks are dropped at most this often (a fraction of the window): a request touches
+# hundreds of blocks, so touching must be a bulk dictionary update, not per-block bookkeeping.
+SWEEPS_PER_WINDOW = 16
+
+
 class LiveSet:
-    """Per engine, the blocks touched within `window_s`, in touch order."""
+    """Per engine, the blocks touched within `window_s` (counted to within a sixteenth of it:
+    expired blocks are swept out at most every window_s / SWEEPS_PER_WINDOW)."""
 
     def __init__(
         self,
@@ -35,35 +40,44 @@ class LiveSet:
             raise ValueError("live window must be positive")
         self.window_s = window_s
         self.clock = clock
-        self._by_engine: dict[str, OrderedDict[BlockKey, float]] = {}
+        self._by_engine: dict[str, dict[BlockKey, float]] = {}
+        self._oldest: dict[str, float] = {}  # engine -> no block there was touched before this
+        self._swept: dict[str, float] = {}  # engine -> when it was last swept
 
     def touch(self, engine: str, keys: Sequence[BlockKey]) -> None:
         """A request with these blocks was routed to `engine`: they are live there now."""
         if not keys:
             return
-        blocks = self._by_engine.setdefault(engine, OrderedDict())
         now = self.clock()
-        for key in keys:
-            blocks[key] = now
-            blocks.move_to_end(key)
-        self._expire(blocks, now)
+        blocks = self._by_engine.get(engine)
+        if blocks is None:
+            blocks = self._by_engine[engine] = {}
+            self._oldest[engine] = now
+        blocks.update(dict.fromkeys(keys, now))
+        self._sweep(engine, blocks, now)
 
     def blocks(self, engine: str) -> int:
         """How many of `engine`'s blocks are live."""
         blocks = self._by_engine.get(engine)
         if not blocks:
             return 0
-        self._expire(blocks, self.clock())
+        self._sweep(engine, blocks, self.clock())
         return len(blocks)
 
     def forget(self, engine: str) -> None:
         """The engine left the pool or lost its cache."""
         self._by_engine.pop(engine, None)
+        self._oldest.pop(engine, None)
+        self._swept.pop(engine, None)
 
-    def _expire(self, blocks: OrderedDict[BlockKey, float], now: float) -> None:
+    def _sweep(self, engine: str, blocks: dict[BlockKey, float], now: float) -> None:
         horizon = now - self.window_s
-        while blocks:
-            key, at = next(iter(blocks.items()))
-            if at >= horizon:
-                break
-            del blocks[key]
+        if self._oldest.get(engine, now) >= horizon:
+            return  # nothing can have expired
+        if now - self._swept.get(engine, -self.window_s) < self.window_s / SWEEPS_PER_WINDOW:
+            return
+        live = {key: at for key, at in blocks.items() if at >= horizon}
+        blocks.clear()
+        blocks.update(live)
+        self._swept[engine] = now
+        self._oldest[engine] = min(live.values(), default=now)

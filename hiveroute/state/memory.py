@@ -15,6 +15,7 @@ SWEEP_EVERY_WRITES = 1024
 
 class MemoryStateStore:
     name = "memory"
+    in_process = True
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock

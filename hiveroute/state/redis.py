@@ -119,6 +119,7 @@ class RedisStateStore:
     """StateStore on Redis, with a local copy that serves while Redis is unreachable."""
 
     name = "redis"
+    in_process = False
 
     def __init__(
         self,

@@ -141,6 +141,7 @@ class SharedStateClient:
     """The StateStore interface, served by the parent's `StateServer` (one worker's view)."""
 
     name = "memory"
+    in_process = False
 
     def __init__(self, path: str) -> None:
         self.path = path

@@ -15,8 +15,11 @@ their users (``wf:``, ``ctx:``, ...). Every key may carry a TTL; `expire` renews
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import inspect
 import json
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from hiveroute.errors import ConfigError
@@ -26,6 +29,9 @@ class StateStore(Protocol):
     """Async key/value, hash and bounded-list store with TTLs (memory or Redis)."""
 
     name: str
+    # Calls finish without waiting on another process (they never suspend): independent calls
+    # are then awaited one by one; a remote store's are sent together (`all_of`).
+    in_process: bool
 
     # strings ------------------------------------------------------------------------------
     async def get(self, key: str) -> str | None: ...
@@ -83,6 +89,24 @@ async def get_json(store: StateStore, key: str) -> Any:
 
 async def set_json(store: StateStore, key: str, value: Any, *, ttl_s: float | None = None) -> None:
     await store.set(key, dumps(value), ttl_s=ttl_s)
+
+
+async def all_of(store: StateStore, *calls: Awaitable[Any]) -> list[Any]:
+    """The results of independent calls to `store`: sent together to a remote store (one
+    round trip, pipelined), awaited in turn on an in-process one, where tasks would only add
+    event-loop turns to the request."""
+    if not store.in_process:
+        return list(await asyncio.gather(*calls))
+    results = []
+    for i, call in enumerate(calls):
+        try:
+            results.append(await call)
+        except BaseException:
+            for rest in calls[i + 1 :]:  # as gather would, leave no call unawaited
+                if inspect.iscoroutine(rest):
+                    rest.close()
+            raise
+    return results
 
 
 def dumps(value: Any) -> str:

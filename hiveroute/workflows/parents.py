@@ -36,6 +36,12 @@ def chain_of(tokens: list[int], salt: str | None) -> list[BlockKey]:
     return block_keys(tokens[: MAX_CHAIN * PARENT_BLOCK], PARENT_BLOCK, salt=salt)
 
 
+def chain_from_keys(keys: list[BlockKey]) -> list[BlockKey]:
+    """`chain_of` from the prompt's block keys of PARENT_BLOCK tokens, already computed for
+    routing (keys chain from the start, so the first MAX_CHAIN are the chain)."""
+    return keys[:MAX_CHAIN]
+
+
 def shared_tokens(a: list[BlockKey], b: list[BlockKey]) -> int:
     """Tokens of the prefix two chains share (whole blocks)."""
     n = 0

@@ -46,8 +46,14 @@ from hiveroute.routing.cache_aware import PrefixMatcher, decision_memory
 from hiveroute.routing.cost import CachedPrompt, RoutingCost, scores_from_costs
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.registry import PluginContext
-from hiveroute.routing.request_tokens import TOKEN_IDS_KEY, cache_salt, request_block_keys
-from hiveroute.workflows.parents import Parents, Seen, chain_of, shared_tokens
+from hiveroute.routing.request_tokens import TOKEN_IDS_KEY, request_block_keys
+from hiveroute.workflows.parents import (
+    PARENT_BLOCK,
+    Parents,
+    Seen,
+    chain_from_keys,
+    shared_tokens,
+)
 from hiveroute.workflows.registry import WorkflowView
 from hiveroute.workflows.scope import scoped
 from hiveroute.workflows.service import WorkflowService
@@ -184,7 +190,8 @@ class WorkflowPlacementScorer(Scorer):
         if parent is not None and parent.engine in held:
             tokens = state.get(TOKEN_IDS_KEY)
             if isinstance(tokens, list):
-                shared = shared_tokens(parent.chain, chain_of(tokens, cache_salt(request)))
+                chain = chain_from_keys(request_block_keys(request, state, tokens, PARENT_BLOCK))
+                shared = shared_tokens(parent.chain, chain)
                 found = held[parent.engine]
                 held[parent.engine] = CachedPrompt(
                     max(found.gpu_tokens, shared), found.lower_tokens
@@ -246,7 +253,11 @@ class WorkflowPlacementScorer(Scorer):
             self.cost.routed(engine, request_block_keys(request, state, tokens, size))
         service = self.service
         meta = request.metadata
-        chain = chain_of(tokens, cache_salt(request)) if isinstance(tokens, list) else []
+        chain = (
+            chain_from_keys(request_block_keys(request, state, tokens, PARENT_BLOCK))
+            if isinstance(tokens, list)
+            else []
+        )
         self.parents.routed(
             Parents.own_keys(meta, request.request_id, request.tenant), engine.name, chain
         )

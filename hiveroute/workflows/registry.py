@@ -12,7 +12,6 @@ from the store at most every `view_ttl_s`, so routing a request costs no store r
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import secrets
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hiveroute.errors import BadRequest, Conflict, NotFound, TooManyRequests
-from hiveroute.state.store import StateStore, dumps, get_json, set_json
+from hiveroute.state.store import StateStore, all_of, dumps, get_json, set_json
 from hiveroute.workflows.model import (
     ACTIVE,
     ENDED,
@@ -458,12 +457,13 @@ class WorkflowRegistry:
                     _k("handoffs", wid), dumps(handoff.to_json()), self.limits.max_handoffs
                 )
             )
-        _, dropped, first_started, *_ = await asyncio.gather(*writes)
+        _, dropped, first_started, *_ = await all_of(self.store, *writes)
         stats = {"last_active_at": repr(now)}
         if first_started is None:
             stats["first_started_at"] = repr(now)
         kinds = ["req", "order", "stats", "doc"] + (["handoffs"] if handoff is not None else [])
-        await asyncio.gather(
+        await all_of(
+            self.store,
             self.store.hset(stats_key, stats),
             *([self.store.hdel(_k("req", wid), *dropped)] if dropped else []),
             *(self.store.expire(_k(kind, wid), ttl) for kind in kinds),

@@ -70,6 +70,8 @@ async def test_serve_runs_logs_json_and_stops_on_sigterm() -> None:
         assert access[0]["workflow_id"] == "wf-9" and access[0]["agent_id"] == "a1"
         assert access[0]["status"] == 200 and access[0]["engine"] == f"127.0.0.1:{engine.port}"
         assert access[0]["duration_ms"] >= 0
+        # the router's own part of it: arrival to the upstream send
+        assert 0 <= access[0]["overhead_ms"] <= access[0]["duration_ms"]
     finally:
         if proc.returncode is None:
             proc.kill()

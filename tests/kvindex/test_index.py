@@ -74,7 +74,8 @@ def test_lru_cap_evicts_the_least_recently_used_and_counts_it() -> None:
     a, b = list(range(8)), list(range(100, 108))
     index.apply("e1", stored([1, 2], a))
     index.apply("e1", stored([3, 4], b))
-    index.match_tokens("e1", a)  # a is now more recent than b
+    index.match_tokens("e1", b)  # a lookup alone does not refresh b
+    index.add_speculative("e1", block_keys(a, BS))  # a routed there again: more recent than b
     index.apply("e1", stored([5], list(range(200, 204))))
     assert len(index) == 4 and index.evictions == 1
     assert index.match_tokens("e1", b).tokens == 0  # b's first block went: b has no prefix
