@@ -86,7 +86,9 @@ class PrefillBacklog:
         self, engine: str, seconds_per_token: float | None
     ) -> tuple[int, int, float]:
         """Under workers: (tokens, requests, tokens remaining) on `engine` of this worker's
-        backlog and each sibling's, each drained from when it began."""
+        backlog and its siblings'. The engine prefills them all in one queue, at one rate:
+        the sum drains once, from the latest moment a worker saw it begin on what it has left
+        (draining each from its own start would count the engine's work once per worker)."""
         assert self.board is not None
         found = self._by_engine.get(engine)
         backlogs: list[tuple[float, float, float]] = []
@@ -95,13 +97,12 @@ class PrefillBacklog:
         cell = self.board.cell(engine)
         if cell is not None:
             backlogs += cell.sibling_backlogs()
-        rate = seconds_per_token or 0.0
-        now = self.clock() if rate > 0 else 0.0
-        tokens = requests = left = 0.0
-        for their_tokens, their_requests, since in backlogs:
-            tokens += their_tokens
-            requests += their_requests
-            left += max(0.0, their_tokens - (now - since) / rate) if rate > 0 else their_tokens
+        tokens = sum(b[0] for b in backlogs)
+        requests = sum(b[1] for b in backlogs)
+        if not backlogs or not seconds_per_token or seconds_per_token <= 0:
+            return int(tokens), int(requests), float(tokens)
+        began = max(b[2] for b in backlogs)
+        left = max(0.0, tokens - (self.clock() - began) / seconds_per_token)
         return int(tokens), int(requests), left
 
     def add(self, engine: str, uncached: int, state: CycleState) -> None:

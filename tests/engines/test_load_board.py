@@ -189,15 +189,15 @@ def test_the_backlog_counts_and_drains_the_siblings_share(path: str) -> None:
     theirs.add(A, 100, CycleState())
     assert mine.of(A) == theirs.of(A) == (1500, 3)
     assert mine.of(B) == (0, 0)
-    # at 1 ms a token, each worker's share drains from when it began: mine from 100 s
+    # at 1 ms a token the engine works through the 1500 tokens once, counted from the latest
+    # start a worker saw (theirs, at 101 s): not each share from its own start
     now[0] = 101.2
     assert mine.remaining(A) == 1500
-    # mine: 1000 tokens, 1200 ms in: done; theirs: 500 tokens, 200 ms in: 300 left
-    assert mine.remaining(A, 0.001) == pytest.approx(300)
+    assert mine.remaining(A, 0.001) == pytest.approx(1500 - 200)
     assert theirs.remaining(A, 0.001) == mine.remaining(A, 0.001)
-    theirs.settle(sibling)  # its first token: what is left of its share starts now
+    theirs.settle(sibling)  # its first token: what is left starts now
     assert mine.of(A) == (1100, 2)
-    assert mine.remaining(A, 0.001) == pytest.approx(100)
+    assert mine.remaining(A, 0.001) == pytest.approx(1100)
 
 
 def routing_request() -> RoutingRequest:
