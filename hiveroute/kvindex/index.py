@@ -238,8 +238,15 @@ class KvIndex:
         keys: Sequence[BlockKey],
         *,
         ttl_s: float | None = None,
+        shared_blocks: int = 0,
     ) -> None:
-        """Count `keys` as cached on `engine` until events confirm them or the TTL passes."""
+        """Count `keys` as cached on `engine` until events confirm them or the TTL passes.
+
+        `shared_blocks`: how many leading keys this prompt shares with one tokenized before
+        (the prefix cache knows). When the last of them was speculated on `engine` less than
+        half a TTL ago, so were all before it (speculation always covers a prompt from its
+        start): only the rest are speculated again. A workflow resends its long context with
+        every request; it is speculated once per half TTL, not once per request."""
         ttl = self.speculative_ttl_s if ttl_s is None else ttl_s
         if ttl <= 0 or not keys:
             return
@@ -248,11 +255,16 @@ class KvIndex:
         self._sweep(now)
         blocks, queue = self._blocks, self._expiries
         move_to_end = blocks.move_to_end
+        todo: Iterable[BlockKey] = keys
+        if 0 < shared_blocks <= len(keys):
+            boundary = blocks.get(keys[shared_blocks - 1])
+            if boundary is not None and boundary.spec.get(engine, 0.0) - now > ttl / 2:
+                todo = keys[shared_blocks:]
         # Agents resend long shared prefixes: most keys are here already, speculated on this
         # engine by a sibling. Those only get a later expiry; their record in the queue (the
         # sweep re-queues a record whose block was refreshed) stays, so a shared block costs
         # one queue record per TTL, not one per request.
-        for key in keys:
+        for key in todo:
             entry = blocks.get(key)
             if entry is None:
                 entry = blocks[key] = _Block()

@@ -56,6 +56,12 @@ class PrefixIds(list[int]):
         self.reused = reused
 
 
+def reused_tokens(token_ids: Sequence[int]) -> int:
+    """How many leading tokens `token_ids` share with an encoding the prefix cache made before
+    (0 when they did not come from it)."""
+    return token_ids.reused if isinstance(token_ids, PrefixIds) else 0
+
+
 def prefix_block_keys(
     token_ids: Sequence[int], block_size: int, *, salt: str | None = None
 ) -> list[BlockKey]:
@@ -117,8 +123,10 @@ class PrefixEncodeCache:
         self._encode = encode
         self._safe_split = safe_split
         self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[bool, str], list[_Entry]] = OrderedDict()
-        self._count = 0
+        # first characters -> that family's entries, oldest first
+        self._entries: dict[tuple[bool, str], list[_Entry]] = {}
+        # every entry, least recently stored first (keyed by identity; the entry keeps it alive)
+        self._order: OrderedDict[int, tuple[tuple[bool, str], _Entry]] = OrderedDict()
         self.hits = 0
         self.reused_tokens = 0
 
@@ -159,18 +167,22 @@ class PrefixEncodeCache:
         return PrefixIds(ids, entry, source, reused)
 
     def _store(self, probe: tuple[bool, str], entry: _Entry, superseded: _Entry | None) -> None:
+        """Keep `entry`; past `max_entries`, forget the least recently stored entry, whichever
+        family of prompts (first characters) it belongs to. (Taking the oldest entry of the
+        least recently used family instead emptied families that were in use: eight
+        workflows' agents, interleaved, each lost their context's encoding every few requests
+        and were tokenized whole.)"""
         bucket = self._entries.setdefault(probe, [])
         if superseded is not None and superseded in bucket:
             bucket.remove(superseded)  # the new text extends it: keep the longer one
-            self._count -= 1
+            del self._order[id(superseded)]
         bucket.append(entry)
-        self._count += 1
-        self._entries.move_to_end(probe)
-        while self._count > self.max_entries and self._entries:
-            oldest_probe, oldest = next(iter(self._entries.items()))
-            oldest.pop(0)
-            self._count -= 1
-            if not oldest:
+        self._order[id(entry)] = (probe, entry)
+        while len(self._order) > self.max_entries:
+            _, (oldest_probe, oldest) = self._order.popitem(last=False)
+            family = self._entries[oldest_probe]
+            family.remove(oldest)
+            if not family:
                 del self._entries[oldest_probe]
 
 

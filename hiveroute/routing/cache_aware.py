@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from hiveroute.engines.engine import Engine
 from hiveroute.kvindex.index import KvIndex, PrefixMatch
+from hiveroute.kvindex.prefix_cache import reused_tokens
 from hiveroute.kvindex.tokenizer import Tokenizer
 from hiveroute.routing.base import (
     CycleState,
@@ -137,7 +138,8 @@ class PrefixMatcher:
             self.index.add_speculative_tokens(engine.name, tokens, salt=salt, ttl_s=ttl_s)
         else:
             keys = request_block_keys(request, state, tokens, size)
-            self.index.add_speculative(engine.name, keys, ttl_s=ttl_s)
+            shared = reused_tokens(tokens) // size  # blocks an earlier prompt had too
+            self.index.add_speculative(engine.name, keys, ttl_s=ttl_s, shared_blocks=shared)
 
 
 def decision_memory(

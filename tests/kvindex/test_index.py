@@ -161,3 +161,23 @@ def test_requests_routed_before_the_first_event_still_count() -> None:
     index.apply("e1", stored([1], tokens[:4]))  # the first event: the block size is 4
     assert index.match("e1", block_keys(tokens, BS), BS).blocks == 2  # one stored, one pending
     assert index.match("e1", block_keys(other, BS), BS).blocks == 0
+
+
+def test_a_prefix_speculated_lately_is_not_speculated_again_for_each_request() -> None:
+    """A workflow resends its context with every request: the blocks it shares with an earlier
+    prompt are speculated once per half TTL on an engine, only its new blocks every time."""
+    clock = Clock()
+    index = KvIndex(speculative_ttl_s=2.0, clock=clock)
+    index.set_block_size("e1", BS)
+    first = block_keys(list(range(8)), BS)  # 2 blocks
+    longer = block_keys(list(range(12)), BS)  # the same 2, and 1 more
+    index.add_speculative("e1", first)
+    clock.now += 0.5  # within half the TTL: the shared 2 keep their expiry (2.0)
+    index.add_speculative("e1", longer, shared_blocks=2)
+    clock.now += 1.6  # 2.1 s: the shared blocks' speculation has lapsed, the new one's not
+    assert index.match("e1", longer, BS).gpu_blocks == 0
+    index.add_speculative("e1", first)  # at 2.1, until 4.1
+    clock.now += 1.2  # 3.3: past half the TTL, the shared blocks are speculated again too
+    index.add_speculative("e1", longer, shared_blocks=2)
+    clock.now += 1.2  # 4.5: past the first expiry, within the refreshed one (5.3)
+    assert index.match("e1", longer, BS).speculative_blocks == 3

@@ -84,3 +84,20 @@ def test_block_keys_of_a_shared_prefix_are_reused_and_equal_a_full_keying(salt: 
             assert keys == block_keys(list(tokens), size, salt=salt)
         reused += getattr(tokens, "reused", 0)
     assert reused > 0  # the context's keys came from the cache, not a new keying
+
+
+def test_interleaved_workflows_keep_their_contexts_encodings() -> None:
+    """Eight workflows' agents take turns; each prompt is its workflow's context and the
+    agent's own message. With room for 16 encodings, every request after each workflow's
+    first reuses its context: the least recently stored entry goes, not a whole family."""
+    rng = random.Random(3)
+    words = [f"w{i}" for i in range(500)]
+    contexts = [" ".join(rng.choice(words) for _ in range(800)) for _ in range(8)]
+    tok = BuiltinTokenizer()
+    tok.prefix_cache.max_entries = 16
+    for step in range(200):
+        w = (step * 5 + step // 8) % 8  # an irregular interleaving of the eight
+        own = " ".join(rng.choice(words) for _ in range(30))
+        text = f"Workflow {w}.\n{contexts[w]}\nAgent step {step}: {own}"
+        assert tok.encode(text) == tok.encode_uncached(text)
+    assert tok.prefix_cache.hits == 200 - 8
