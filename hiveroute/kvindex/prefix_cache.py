@@ -20,6 +20,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 from hiveroute.kvindex.blocks import BlockKey, block_keys
 
@@ -45,15 +46,15 @@ class _Entry:
 
 class PrefixIds(list[int]):
     """Token ids that remember the cached encoding whose first `reused` tokens they share, so
-    their block keys can be the cached ones for that prefix (keyed once per prefix)."""
+    their block keys can be the cached ones for that prefix (keyed once per prefix). The
+    cache keeps this very list as its entry's ids (a 30k-token prompt is not copied again):
+    read it, do not change it."""
 
     __slots__ = ("entry", "reused", "source")
 
-    def __init__(self, ids: list[int], entry: _Entry, source: _Entry | None, reused: int) -> None:
-        super().__init__(ids)
-        self.entry = entry
-        self.source = source
-        self.reused = reused
+    entry: _Entry
+    source: _Entry | None
+    reused: int
 
 
 def reused_tokens(token_ids: Sequence[int]) -> int:
@@ -145,26 +146,29 @@ class PrefixEncodeCache:
             common = _common_prefix(entry.text, text)
             if common > best_common:
                 best, best_common = entry, common
-        ids: list[int] | None = None
+        ids = PrefixIds()
         starts: list[int] = []
         source: _Entry | None = None
         reused = 0
-        if best is not None:
-            cut = _safe_cut(best, text, best_common, self._safe_split)
-            if cut is not None:
-                k, pos = cut
-                tail_ids, tail_starts = self._encode(text[pos:], False)
-                ids = best.ids[:k] + tail_ids
-                starts = best.starts[:k] + [pos + s for s in tail_starts]
-                self.hits += 1
-                self.reused_tokens += k
-                source, reused = best, k
-        if ids is None:
-            ids, starts = self._encode(text, add_special_tokens)
+        cut = _safe_cut(best, text, best_common, self._safe_split) if best is not None else None
+        if best is not None and cut is not None:
+            k, pos = cut
+            tail_ids, tail_starts = self._encode(text[pos:], False)
+            ids.extend(islice(best.ids, k))  # one pass each, no intermediate lists
+            ids.extend(tail_ids)
+            starts.extend(islice(best.starts, k))
+            starts.extend(map(pos.__add__, tail_starts))
+            self.hits += 1
+            self.reused_tokens += k
+            source, reused = best, k
+        else:
+            whole, starts = self._encode(text, add_special_tokens)
+            ids.extend(whole)
         extended = best if best is not None and best_common == len(best.text) else None
         entry = _Entry(text, ids, starts)
+        ids.entry, ids.source, ids.reused = entry, source, reused
         self._store(probe, entry, extended)
-        return PrefixIds(ids, entry, source, reused)
+        return ids
 
     def _store(self, probe: tuple[bool, str], entry: _Entry, superseded: _Entry | None) -> None:
         """Keep `entry`; past `max_entries`, forget the least recently stored entry, whichever
@@ -188,18 +192,21 @@ class PrefixEncodeCache:
 
 def _shares(a: str, b: str, n: int) -> bool:
     """Whether a and b have the same first n characters."""
-    return len(a) >= n and len(b) >= n and a[:n] == b[:n]
+    return len(a) >= n and len(b) >= n and b.startswith(a[:n])
 
 
 def _common_prefix(a: str, b: str) -> int:
-    """Length of the common prefix of two strings (binary search on C-speed comparisons)."""
-    hi = min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    lo = 0
+    """Length of the common prefix of two strings: a binary search on C-speed comparisons,
+    each comparing only the window not yet known to match (prompts are 100 kB: copying both
+    prefixes at every step cost more than the search)."""
+    if a.startswith(b):
+        return len(b)
+    if b.startswith(a):
+        return len(a)
+    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo]
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
+        if b.startswith(a[lo:mid], lo):
             lo = mid
         else:
             hi = mid - 1

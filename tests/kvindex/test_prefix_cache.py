@@ -5,10 +5,16 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hiveroute.engines.vllm_local import CHAT_TEMPLATE, _train_tokenizer
 from hiveroute.kvindex.blocks import block_keys
-from hiveroute.kvindex.prefix_cache import prefix_block_keys, tokenizer_supports_prefix_reuse
+from hiveroute.kvindex.prefix_cache import (
+    _common_prefix,
+    prefix_block_keys,
+    tokenizer_supports_prefix_reuse,
+)
 from hiveroute.kvindex.tokenizer import BuiltinTokenizer, HFTokenizer, prompt_token_ids
 
 WORDS = "the agent plan tool résumé 42 café, x.y: don't  foo\nbar\t baz ünï 🙂 <s> result".split(
@@ -101,3 +107,10 @@ def test_interleaved_workflows_keep_their_contexts_encodings() -> None:
         text = f"Workflow {w}.\n{contexts[w]}\nAgent step {step}: {own}"
         assert tok.encode(text) == tok.encode_uncached(text)
     assert tok.prefix_cache.hits == 200 - 8
+
+
+@given(st.text(alphabet="ab ", max_size=40), st.text(alphabet="ab ", max_size=40))
+def test_the_common_prefix_is_the_longest_shared_start(a: str, b: str) -> None:
+    n = _common_prefix(a, b)
+    assert a[:n] == b[:n]
+    assert n == min(len(a), len(b)) or a[n] != b[n]
