@@ -14,10 +14,12 @@ events), refreshed by each routing decision.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from hiveroute.kvindex.blocks import BlockKey, block_keys
 from hiveroute.kvindex.events import (
@@ -31,6 +33,7 @@ from hiveroute.kvindex.events import (
 
 DEFAULT_MAX_BLOCKS = 500_000
 DEFAULT_SPECULATIVE_TTL_S = 5.0
+MAX_MATCH_MEMO = 4096  # remembered prefix matches (engine, last shared block)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,27 @@ class PrefixMatch:
     @property
     def lower_tokens(self) -> int:
         return self.lower_blocks * self.block_size
+
+
+@dataclass(frozen=True, slots=True)
+class _Matched:
+    """A whole shared prefix an engine was found to hold: valid while the engine's version is
+    unchanged (nothing it held has gone or changed tier since) and its speculation lasts."""
+
+    version: int
+    valid_until: float  # the earliest expiry of the speculative blocks it counted
+    gpu: int
+    lower: int
+    spec: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Walked:
+    gpu: int
+    lower: int
+    spec: int
+    valid_until: float
+    whole: bool
 
 
 class _Block:
@@ -101,6 +125,12 @@ class KvIndex:
         self._blocks: OrderedDict[BlockKey, _Block] = OrderedDict()
         self._engines: dict[str, _Engine] = {}
         self._expiries: deque[tuple[float, BlockKey, str]] = deque()
+        # Matching a prompt's shared prefix once per prefix, not once per request: an engine's
+        # version changes whenever it may hold less of a prefix than before (a block removed,
+        # cleared, forgotten or expired, a tier changed); adding blocks cannot undo a match.
+        self._versions: dict[str, int] = {}
+        self._matched: dict[tuple[str, BlockKey], _Matched] = {}
+        self.match_memo_hits = 0
 
     # --- sizes and engines -------------------------------------------------------------------
 
@@ -181,8 +211,14 @@ class KvIndex:
         keys = block_keys(tokens, event.block_size, salt=event.cache_salt, parent=parent)
         for engine_hash, key in zip(event.block_hashes, keys, strict=False):
             entry = self._touch(key)
-            entry.holders.setdefault(engine, {})[event.medium] = engine_hash
-            entry.spec.pop(engine, None)
+            tiers = entry.holders.get(engine)
+            if tiers is None:
+                tiers = entry.holders[engine] = {}
+            elif event.medium not in tiers:
+                self._changed(engine)  # another tier now: a match's split changes
+            tiers[event.medium] = engine_hash
+            if entry.spec.pop(engine, None) is not None:
+                self._changed(engine)  # confirmed: no longer counted as speculative
             state.by_hash[engine_hash] = key
         if event.medium == GPU:
             state.most_held = max(state.most_held, len(state.by_hash))
@@ -196,6 +232,7 @@ class KvIndex:
         if state is None:
             return
         medium = medium or GPU
+        self._changed(engine)
         for engine_hash in hashes:
             key = state.by_hash.get(engine_hash)
             if key is None:
@@ -217,6 +254,7 @@ class KvIndex:
         state = self._engines.get(engine)
         if state is None:
             return
+        self._changed(engine)
         for key in set(state.by_hash.values()):
             entry = self._blocks.get(key)
             if entry is not None and entry.holders.pop(engine, None) is not None:
@@ -273,6 +311,8 @@ class KvIndex:
             held = entry.holders.get(engine)
             if held is not None and GPU in held:
                 continue  # confirmed already
+            if held:
+                self._changed(engine)  # held on a lower tier only: now counted on the GPU
             previous = entry.spec.get(engine)
             entry.spec[engine] = expiry
             if previous is None or previous <= now:
@@ -313,32 +353,82 @@ class KvIndex:
                 queue.append((expiry, key, engine))
             elif expiry <= now or due > now:  # expired, or over the queue's bound: forget it
                 del entry.spec[engine]
+                self._changed(engine)
                 self._drop_if_empty(key, entry)
 
     # --- queries -----------------------------------------------------------------------------
 
-    def match(self, engine: str, keys: Sequence[BlockKey], block_size: int) -> PrefixMatch:
+    def match(
+        self, engine: str, keys: Sequence[BlockKey], block_size: int, *, shared_blocks: int = 0
+    ) -> PrefixMatch:
         """The longest prefix of `keys` the engine holds, split by tier. (A lookup does not
         refresh a block's place in the index's LRU order: the engine's events and the router's
-        speculation do, for the blocks actually used.)"""
+        speculation do, for the blocks actually used.)
+
+        `shared_blocks`: how many leading keys this prompt shares with one tokenized before.
+        When the engine was found to hold all of those, and holds no less since, they are not
+        walked again: a workflow's context is matched once, each request's tail every time."""
         now = self.clock()
+        n = shared_blocks if 0 < shared_blocks <= len(keys) else 0
+        if n:
+            memo_key = (engine, keys[n - 1])
+            found = self._matched.get(memo_key)
+            version = self._versions.get(engine, 0)
+            if found is not None and found.version == version and now < found.valid_until:
+                self.match_memo_hits += 1
+                rest = self._walk(engine, keys, n, len(keys), now)
+                return PrefixMatch(
+                    block_size,
+                    found.gpu + rest.gpu,
+                    found.lower + rest.lower,
+                    found.spec + rest.spec,
+                )
+            head = self._walk(engine, keys, 0, n, now)
+            if head.whole:
+                if len(self._matched) >= MAX_MATCH_MEMO:
+                    self._matched.clear()
+                self._matched[memo_key] = _Matched(
+                    version, head.valid_until, head.gpu, head.lower, head.spec
+                )
+            else:
+                return PrefixMatch(block_size, head.gpu, head.lower, head.spec)
+            rest = self._walk(engine, keys, n, len(keys), now)
+            return PrefixMatch(
+                block_size, head.gpu + rest.gpu, head.lower + rest.lower, head.spec + rest.spec
+            )
+        walked = self._walk(engine, keys, 0, len(keys), now)
+        return PrefixMatch(block_size, walked.gpu, walked.lower, walked.spec)
+
+    def _walk(
+        self, engine: str, keys: Sequence[BlockKey], start: int, stop: int, now: float
+    ) -> _Walked:
+        """keys[start:stop] in order while the engine holds each (on any tier, or
+        speculatively); whether it held them all."""
         gpu = lower = spec = 0
+        valid_until = math.inf
         get = self._blocks.get
-        for key in keys:
+        for key in islice(keys, start, stop):
             entry = get(key)
             if entry is None:
-                break
+                return _Walked(gpu, lower, spec, valid_until, whole=False)
             tiers = entry.holders.get(engine)
             if tiers is not None and GPU in tiers:
                 gpu += 1
-            elif entry.spec.get(engine, 0.0) > now:
+                continue
+            expiry = entry.spec.get(engine, 0.0)
+            if expiry > now:
                 gpu += 1
                 spec += 1
+                valid_until = min(valid_until, expiry)
             elif tiers:
                 lower += 1
             else:
-                break
-        return PrefixMatch(block_size, gpu, lower, spec)
+                return _Walked(gpu, lower, spec, valid_until, whole=False)
+        return _Walked(gpu, lower, spec, valid_until, whole=True)
+
+    def _changed(self, engine: str) -> None:
+        """The engine may hold less of some prefix than a remembered match says."""
+        self._versions[engine] = self._versions.get(engine, 0) + 1
 
     def match_tokens(
         self, engine: str, token_ids: Sequence[int], *, salt: str | None = None
@@ -374,6 +464,8 @@ class KvIndex:
         while len(self._blocks) > self.max_blocks:
             _, entry = self._blocks.popitem(last=False)
             self.evictions += 1
+            for engine in (*entry.holders, *entry.spec):
+                self._changed(engine)
             for engine, tiers in entry.holders.items():
                 state = self._engines.get(engine)
                 if state is not None:

@@ -121,7 +121,8 @@ class PrefixMatcher:
                 found = PrefixMatch(block_size=size or 1)
             else:
                 keys = request_block_keys(request, state, tokens, size)
-                found = self.index.match(engine.name, keys, size)
+                shared = reused_tokens(tokens) // size  # blocks an earlier prompt had too
+                found = self.index.match(engine.name, keys, size, shared_blocks=shared)
             matches[engine.name] = found
         return found
 

@@ -1,5 +1,7 @@
 """The global KV index: events, removals, tiers, LRU cap, speculation, attribution."""
 
+import random
+
 from hiveroute.kvindex.blocks import block_keys
 from hiveroute.kvindex.events import AllBlocksCleared, BlockRemoved, BlockStored
 from hiveroute.kvindex.index import KvIndex
@@ -181,3 +183,42 @@ def test_a_prefix_speculated_lately_is_not_speculated_again_for_each_request() -
     index.add_speculative("e1", longer, shared_blocks=2)
     clock.now += 1.2  # 4.5: past the first expiry, within the refreshed one (5.3)
     assert index.match("e1", longer, BS).speculative_blocks == 3
+
+
+def test_a_remembered_prefix_match_equals_a_full_walk_whatever_happens_between() -> None:
+    """Matching a shared prefix once per prefix must never change an answer: random stores,
+    removals on any tier, speculation, expiry, clears and index evictions between matches,
+    and every match with the shared-prefix hint equals the same match without it."""
+    rng = random.Random(7)
+    clock = Clock()
+    index = KvIndex(max_blocks=60, speculative_ttl_s=2.0, clock=clock)
+    prompts = [list(range(p * 1000, p * 1000 + 40)) for p in range(3)]  # 10 blocks each
+    hashes: dict[tuple[str, int, int], int] = {}
+    for engine in ("e1", "e2"):
+        index.set_block_size(engine, BS)
+    for _ in range(3000):
+        engine = rng.choice(("e1", "e2"))
+        p = rng.randrange(3)
+        tokens = prompts[p][: BS * rng.randint(1, 10)]
+        keys = block_keys(tokens, BS)
+        op = rng.random()
+        if op < 0.25:
+            n = len(keys)
+            ids = [hashes.setdefault((engine, p, i), rng.getrandbits(40)) for i in range(n)]
+            medium = rng.choice(("GPU", "GPU", "CPU"))
+            index.apply(engine, BlockStored(ids, None, tokens, BS, medium=medium))
+        elif op < 0.35:
+            i = rng.randrange(len(keys))
+            index.block_removed(engine, [hashes.get((engine, p, i), 0)], rng.choice(("GPU", "CPU")))
+        elif op < 0.5:
+            index.add_speculative(engine, keys, shared_blocks=rng.randint(0, len(keys)))
+        elif op < 0.52:
+            index.clear_engine(engine)
+        elif op < 0.6:
+            clock.now += rng.choice((0.3, 1.1, 2.5))
+        else:
+            shared = rng.randint(1, len(keys))
+            assert index.match(engine, keys, BS, shared_blocks=shared) == index.match(
+                engine, keys, BS
+            )
+    assert index.match_memo_hits >= 50  # the remembered matches were used, not only stored
