@@ -35,25 +35,29 @@ _PROBE = 256  # characters that pick candidate entries (a prefix shorter than th
 _MAX_BACKOFF_TOKENS = 256
 
 
+# (block size, salt) -> one encoding's block keys, once a request keyed them
+KeysBySize = dict[tuple[int, str | None], list[BlockKey]]
+
+
 @dataclass(eq=False)
 class _Entry:
     text: str
     ids: list[int]
     starts: list[int]
-    # (block size, salt) -> this text's block keys, once a request keyed them
-    keys: dict[tuple[int, str | None], list[BlockKey]] = field(default_factory=dict)
+    keys: KeysBySize = field(default_factory=dict)
 
 
 class PrefixIds(list[int]):
-    """Token ids that remember the cached encoding whose first `reused` tokens they share, so
-    their block keys can be the cached ones for that prefix (keyed once per prefix). The
-    cache keeps this very list as its entry's ids (a 30k-token prompt is not copied again):
-    read it, do not change it."""
+    """Token ids that remember the block keys of the cached encoding whose first `reused`
+    tokens they share, so their own keys reuse those for that prefix (keyed once per prefix).
+    The cache keeps this very list as its entry's ids (a 30k-token prompt is not copied
+    again): read it, do not change it. It holds the two encodings' keys, not the encodings:
+    a chain of entries, each holding the one before, would keep every prompt ever seen."""
 
-    __slots__ = ("entry", "reused", "source")
+    __slots__ = ("keys", "reused", "source_keys")
 
-    entry: _Entry
-    source: _Entry | None
+    keys: KeysBySize  # its own encoding's, filled as requests key it
+    source_keys: KeysBySize | None
     reused: int
 
 
@@ -72,8 +76,8 @@ def prefix_block_keys(
         return block_keys(token_ids, block_size, salt=salt)
     slot = (block_size, salt)
     keys: list[BlockKey] | None = None
-    source = token_ids.source
-    previous = source.keys.get(slot) if source is not None else None
+    source = token_ids.source_keys
+    previous = source.get(slot) if source is not None else None
     if previous:
         n = min(len(previous), token_ids.reused // block_size)
         if n:
@@ -81,7 +85,7 @@ def prefix_block_keys(
             keys = previous[:n] + tail
     if keys is None:
         keys = block_keys(token_ids, block_size, salt=salt)
-    token_ids.entry.keys[slot] = keys
+    token_ids.keys[slot] = keys
     return keys
 
 
@@ -166,7 +170,9 @@ class PrefixEncodeCache:
             ids.extend(whole)
         extended = best if best is not None and best_common == len(best.text) else None
         entry = _Entry(text, ids, starts)
-        ids.entry, ids.source, ids.reused = entry, source, reused
+        ids.keys = entry.keys
+        ids.source_keys = source.keys if source is not None else None
+        ids.reused = reused
         self._store(probe, entry, extended)
         return ids
 
