@@ -1,7 +1,9 @@
 """Prefix reuse in tokenization: ids always equal a full encode."""
 
+import gc
 import json
 import random
+import weakref
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,24 @@ def test_the_common_prefix_is_the_longest_shared_start(a: str, b: str) -> None:
     n = _common_prefix(a, b)
     assert a[:n] == b[:n]
     assert n == min(len(a), len(b)) or a[n] != b[n]
+
+
+def test_an_evicted_encoding_is_freed_though_later_ids_reused_it() -> None:
+    """Token ids keep the keys of the encoding they reused, not the encoding: otherwise every
+    prompt ever seen stays alive through the chain of ids that reused it."""
+    tok = BuiltinTokenizer()
+    cache = tok.prefix_cache
+    cache.max_entries = 4
+    base = " ".join(f"w{i}" for i in range(1000))
+    gc.disable()  # freed by reference counting alone: no cycle holds it either
+    try:
+        first = tok.encode(base + " a0")
+        (_, oldest), *_ = cache._order.values()
+        freed = weakref.ref(oldest)
+        del oldest
+        later = [tok.encode(base + f" a{i}") for i in range(1, 10)]  # each reuses the one before
+        del first
+        assert cache.hits == 9 and len(later) == 9
+        assert freed() is None
+    finally:
+        gc.enable()
