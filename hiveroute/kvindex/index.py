@@ -63,24 +63,16 @@ class PrefixMatch:
 
 
 @dataclass(frozen=True, slots=True)
-class _Matched:
-    """A whole shared prefix an engine was found to hold: valid while the engine's version is
-    unchanged (nothing it held has gone or changed tier since) and its speculation lasts."""
-
-    version: int
-    valid_until: float  # the earliest expiry of the speculative blocks it counted
-    gpu: int
-    lower: int
-    spec: int
-
-
-@dataclass(frozen=True, slots=True)
 class _Walked:
+    """What an engine holds of a run of keys; remembered for a whole shared prefix while the
+    engine's version is unchanged (nothing it held has gone or changed tier since) and its
+    speculation lasts (`valid_until`)."""
+
     gpu: int
     lower: int
     spec: int
-    valid_until: float
-    whole: bool
+    valid_until: float  # the earliest expiry of the speculative blocks it counted
+    whole: bool  # it held every key of the run
 
 
 class _Block:
@@ -129,7 +121,8 @@ class KvIndex:
         # version changes whenever it may hold less of a prefix than before (a block removed,
         # cleared, forgotten or expired, a tier changed); adding blocks cannot undo a match.
         self._versions: dict[str, int] = {}
-        self._matched: dict[tuple[str, BlockKey], _Matched] = {}
+        # (engine, last shared block) -> (the engine's version then, what it held of the prefix)
+        self._matched: dict[tuple[str, BlockKey], tuple[int, _Walked]] = {}
         self.match_memo_hits = 0
 
     # --- sizes and engines -------------------------------------------------------------------
@@ -370,34 +363,30 @@ class KvIndex:
         walked again: a workflow's context is matched once, each request's tail every time."""
         now = self.clock()
         n = shared_blocks if 0 < shared_blocks <= len(keys) else 0
-        if n:
-            memo_key = (engine, keys[n - 1])
-            found = self._matched.get(memo_key)
-            version = self._versions.get(engine, 0)
-            if found is not None and found.version == version and now < found.valid_until:
-                self.match_memo_hits += 1
-                rest = self._walk(engine, keys, n, len(keys), now)
-                return PrefixMatch(
-                    block_size,
-                    found.gpu + rest.gpu,
-                    found.lower + rest.lower,
-                    found.spec + rest.spec,
-                )
-            head = self._walk(engine, keys, 0, n, now)
-            if head.whole:
-                if len(self._matched) >= MAX_MATCH_MEMO:
-                    self._matched.clear()
-                self._matched[memo_key] = _Matched(
-                    version, head.valid_until, head.gpu, head.lower, head.spec
-                )
-            else:
-                return PrefixMatch(block_size, head.gpu, head.lower, head.spec)
-            rest = self._walk(engine, keys, n, len(keys), now)
-            return PrefixMatch(
-                block_size, head.gpu + rest.gpu, head.lower + rest.lower, head.spec + rest.spec
-            )
-        walked = self._walk(engine, keys, 0, len(keys), now)
-        return PrefixMatch(block_size, walked.gpu, walked.lower, walked.spec)
+        head = self._shared_head(engine, keys, n, now) if n else None
+        if head is not None and not head.whole:
+            return PrefixMatch(block_size, head.gpu, head.lower, head.spec)
+        rest = self._walk(engine, keys, n, len(keys), now)
+        if head is None:
+            return PrefixMatch(block_size, rest.gpu, rest.lower, rest.spec)
+        return PrefixMatch(
+            block_size, head.gpu + rest.gpu, head.lower + rest.lower, head.spec + rest.spec
+        )
+
+    def _shared_head(self, engine: str, keys: Sequence[BlockKey], n: int, now: float) -> _Walked:
+        """What the engine holds of keys[:n], remembered while it holds no less."""
+        memo_key = (engine, keys[n - 1])
+        version = self._versions.get(engine, 0)
+        found = self._matched.get(memo_key)
+        if found is not None and found[0] == version and now < found[1].valid_until:
+            self.match_memo_hits += 1
+            return found[1]
+        head = self._walk(engine, keys, 0, n, now)
+        if head.whole:
+            if len(self._matched) >= MAX_MATCH_MEMO:
+                self._matched.clear()
+            self._matched[memo_key] = (version, head)
+        return head
 
     def _walk(
         self, engine: str, keys: Sequence[BlockKey], start: int, stop: int, now: float
