@@ -12,8 +12,9 @@ backlog counts as drained at that rate since the engine began on what is left (w
 backlog was last empty, or its last first token came back).
 
 Under `serve --workers` each worker routes to the same engines: given the host's load board,
-a worker publishes its own backlog on each engine there and counts its siblings' too, each
-sibling's drained from when that sibling's began.
+a worker publishes its own backlog on each engine there and counts its siblings' too; the
+engine prefills them all in one queue, so their sum drains once, from the latest start a worker
+saw.
 """
 
 from __future__ import annotations

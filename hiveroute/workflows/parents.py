@@ -16,7 +16,7 @@ import collections
 import time
 from dataclasses import dataclass
 
-from hiveroute.kvindex.blocks import BlockKey, block_keys
+from hiveroute.kvindex.blocks import BlockKey
 from hiveroute.metadata import RequestMetadata
 from hiveroute.workflows.scope import scoped
 
@@ -32,13 +32,10 @@ class Seen:
     ended_at: float | None = None  # wall clock
 
 
-def chain_of(tokens: list[int], salt: str | None) -> list[BlockKey]:
-    return block_keys(tokens[: MAX_CHAIN * PARENT_BLOCK], PARENT_BLOCK, salt=salt)
-
-
 def chain_from_keys(keys: list[BlockKey]) -> list[BlockKey]:
-    """`chain_of` from the prompt's block keys of PARENT_BLOCK tokens, already computed for
-    routing (keys chain from the start, so the first MAX_CHAIN are the chain)."""
+    """A prompt's remembered chain, from its block keys of PARENT_BLOCK tokens (computed once
+    per request for routing; keys chain from the start, so the first MAX_CHAIN are the
+    chain)."""
     return keys[:MAX_CHAIN]
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import time
 
 from hiveroute.engines.engine import Engine
+from hiveroute.kvindex.blocks import BlockKey
 from hiveroute.kvindex.index import PrefixMatch
 from hiveroute.routing.base import (
     CycleState,
@@ -164,6 +165,11 @@ class WorkflowPlacementScorer(Scorer):
             return len(ids)
         return int(prompt_chars(request) / self.chars_per_token)
 
+    @staticmethod
+    def _chain(request: RoutingRequest, state: CycleState, tokens: list[int]) -> list[BlockKey]:
+        """The prompt's chain for the subagent map, from the request's memoised block keys."""
+        return chain_from_keys(request_block_keys(request, state, tokens, PARENT_BLOCK))
+
     def known(self, request: RoutingRequest, state: CycleState, engine: Engine) -> CachedPrompt:
         """What this router knows the engine holds of the prompt: its KV events, or, for an
         engine without events, where this router's own decisions sent the prompt's prefix."""
@@ -190,8 +196,7 @@ class WorkflowPlacementScorer(Scorer):
         if parent is not None and parent.engine in held:
             tokens = state.get(TOKEN_IDS_KEY)
             if isinstance(tokens, list):
-                chain = chain_from_keys(request_block_keys(request, state, tokens, PARENT_BLOCK))
-                shared = shared_tokens(parent.chain, chain)
+                shared = shared_tokens(parent.chain, self._chain(request, state, tokens))
                 found = held[parent.engine]
                 held[parent.engine] = CachedPrompt(
                     max(found.gpu_tokens, shared), found.lower_tokens
@@ -253,11 +258,7 @@ class WorkflowPlacementScorer(Scorer):
             self.cost.routed(engine, request_block_keys(request, state, tokens, size))
         service = self.service
         meta = request.metadata
-        chain = (
-            chain_from_keys(request_block_keys(request, state, tokens, PARENT_BLOCK))
-            if isinstance(tokens, list)
-            else []
-        )
+        chain = self._chain(request, state, tokens) if isinstance(tokens, list) else []
         self.parents.routed(
             Parents.own_keys(meta, request.request_id, request.tenant), engine.name, chain
         )

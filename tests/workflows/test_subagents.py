@@ -6,10 +6,11 @@ engine comes first among equal costs; a parent's engine that has become the cost
 is left for another. The hand-off parent -> subagent is measured. These engines send no KV
 events (the router's own decisions are what it knows)."""
 
+from hiveroute.kvindex.blocks import block_keys
 from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.base import CycleState, RoutingRequest
 from hiveroute.routing.request_tokens import TOKEN_IDS_KEY
-from hiveroute.workflows.parents import PARENT_BLOCK, chain_of
+from hiveroute.workflows.parents import PARENT_BLOCK, chain_from_keys
 from hiveroute.workflows.placement import PARENT_KEY, WorkflowPlacementScorer
 from tests.workflows.test_placement import SHARED, make_router, route
 
@@ -62,7 +63,9 @@ async def test_the_parents_engine_lends_what_the_prompts_share() -> None:
     child_tokens = parent_tokens[: PARENT_BLOCK * 6] + [7] * PARENT_BLOCK * 4
     engines = router.pool.candidates(None)
     home = engines[0].name  # the parent's engine
-    scorer.parents.routed(["a:lead"], home, chain_of(parent_tokens, None))
+    scorer.parents.routed(
+        ["a:lead"], home, chain_from_keys(block_keys(parent_tokens, PARENT_BLOCK))
+    )
     meta = RequestMetadata(parent_agent_id="lead")
     state = CycleState()
     state[PARENT_KEY] = scorer.parents.parent_of(meta, None)
