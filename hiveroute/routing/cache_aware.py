@@ -43,6 +43,7 @@ from hiveroute.routing.request_tokens import (
     request_block_keys,
     request_token_ids,
 )
+from hiveroute.routing.retention import Retention
 from hiveroute.routing.ttft_ledger import TtftLedger
 
 # the engines the guard removed this cycle
@@ -195,12 +196,18 @@ class KvTtftScorer(_CacheScorer):
         tokenizer: Tokenizer,
         ledger: TtftLedger | None = None,
         live: LiveSet | None = None,
+        retention: Retention | None = None,
         *,
         speculate: bool = True,
     ) -> None:
         super().__init__(PrefixMatcher(index, tokenizer))
         self.ledger = TtftLedger() if ledger is None else ledger
-        self.cost = RoutingCost(self.ledger, LiveSet() if live is None else live, index)
+        self.cost = RoutingCost(
+            self.ledger,
+            LiveSet() if live is None else live,
+            index,
+            Retention() if retention is None else retention,
+        )
         self.speculative = speculate
 
     def cached(self, request: RoutingRequest, engine: Engine, state: CycleState) -> CachedPrompt:
@@ -236,7 +243,9 @@ class KvTtftScorer(_CacheScorer):
         self.ledger.routed(engine, n_tokens - m.tokens, state, min(m.lower_tokens, n_tokens))
         size = self.matcher.block_size(engine)
         if tokens and size is not None:
-            self.cost.routed(engine, request_block_keys(request, state, tokens, size))
+            keys = request_block_keys(request, state, tokens, size)
+            matches: dict[str, PrefixMatch] = state.get(PREFIX_MATCH_KEY, {})
+            self.cost.routed(engine, keys, matches)
         if self.speculative:
             self.matcher.speculate(request, engine, state, None)
 

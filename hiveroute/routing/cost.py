@@ -11,6 +11,9 @@ The router sends a request to the engine where it costs the fleet least, in seco
             + evict(e)     what others will prefill again because its writes push their blocks
                            out of e's cache: uncached × cost × the live share of e's cache (the
                            chance that an evicted block belonged to a context still in use)
+            + lost(e)      what this context will prefill again because e's cache drops it
+                           before it comes back: prompt × cost × the share of returning blocks
+                           e lately no longer held × how many times a context comes back
 
 Everything follows from that sum, with no rule of its own:
 - A prompt an engine holds costs little there: the cache saves its prefill once, in ttft(e).
@@ -22,13 +25,20 @@ Everything follows from that sum, with no rule of its own:
   the prefix gets copied to the others once instead of keeping new sessions off them for good.
 - A follow-up whose history is cached stays with it while the queue there costs less than
   prefilling the history elsewhere, which also writes a second copy into someone's cache.
+- An engine whose cache cannot keep the contexts it serves (more live sessions than fit, so
+  each is evicted between its turns) is priced at what its sessions lose on every return:
+  copying a shared prefix once to an engine that keeps them costs less, and new sessions go
+  there, and sessions it keeps losing move, until the caches keep what they serve. Where every
+  cache keeps its contexts, the term is zero; where all lose alike, it is the same everywhere.
 - Siblings of a fan-out follow the first while waiting for its prefill costs less than doing
   that prefill again elsewhere: an idle engine's TTFT may tie, its engine time does not.
 
 The live share is `LiveSet`'s blocks routed to e within its window over e's capacity in blocks:
 what e's /metrics report (vLLM's `vllm:cache_config_info` names `num_gpu_blocks`), else the
 most blocks its KV events showed it holding once it had to evict; an engine whose size is
-unknown and that never had to evict still has room, and writing to it evicts nothing. (Eviction
+unknown and that never had to evict still has room, and writing to it evicts nothing. What e
+kept and how often contexts return are measured, not modelled (`Retention`: the share of a
+returning prompt's blocks its engine still held, and returns per new context, lately). (Eviction
 is least-recently-used; taking an evicted block to be live with the live share's probability,
 as random eviction would, prices a cache filling up before it is full, not only at the edge.) Ties (an idle fleet, nothing cached) go to the engine holding more of the
 prompt, then to the caller's preference (a workflow's homes), then to the engine with the fewest
@@ -37,13 +47,14 @@ live blocks and the fewest requests in flight.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hiveroute.engines.engine import Engine
 from hiveroute.kvindex.blocks import BlockKey
-from hiveroute.kvindex.index import KvIndex
+from hiveroute.kvindex.index import KvIndex, PrefixMatch
 from hiveroute.routing.live_set import LiveSet
+from hiveroute.routing.retention import Retention
 from hiveroute.routing.ttft_ledger import TtftLedger
 
 
@@ -57,11 +68,12 @@ class EngineCost:
     ttft_s: float
     delay_s: float
     evict_s: float
+    lost_s: float
     live_blocks: int
 
     @property
     def total_s(self) -> float:
-        return self.ttft_s + self.delay_s + self.evict_s
+        return self.ttft_s + self.delay_s + self.evict_s + self.lost_s
 
     def rank(self, preference: int = 0) -> tuple[float, int, int, int, float, str]:
         """Least cost first; among equals the engine holding more of the prompt, then the
@@ -95,18 +107,33 @@ class RoutingCost:
     """Prices a request on each candidate engine; the router's one predictor of what a
     placement costs, shared by the `kv_ttft` scorer and workflow placement."""
 
-    def __init__(self, ledger: TtftLedger, live: LiveSet, index: KvIndex) -> None:
+    def __init__(
+        self, ledger: TtftLedger, live: LiveSet, index: KvIndex, retention: Retention
+    ) -> None:
         self.ledger = ledger
         self.live = live
         self.index = index
+        self.retention = retention
 
-    def live_share(self, engine: Engine) -> float:
-        """The share of `engine`'s cache that holds contexts still in use (0 while its size is
-        unknown and it never had to evict: it still has free room)."""
+    def live_load(self, engine: Engine) -> float:
+        """Live blocks routed to `engine` per block its cache holds: above 1, more contexts in
+        use than it can keep (0 while its size is unknown and it never had to evict)."""
         capacity = engine.kv_capacity_blocks or self.index.capacity_blocks(engine.name)
         if not capacity:
             return 0.0
-        return min(1.0, self.live.blocks(engine.name) / capacity)
+        return self.live.blocks(engine.name) / capacity
+
+    def live_share(self, engine: Engine) -> float:
+        """The share of `engine`'s cache that holds contexts still in use."""
+        return min(1.0, self.live_load(engine))
+
+    def kept(self, engine: Engine) -> float:
+        """The share of a context `engine` will still hold when it comes back: what the
+        returns to it found lately, and at most what fits of the live contexts routed to it
+        (so a crowd moving to an engine is priced before its returns can show it)."""
+        load = self.live_load(engine)
+        fits = 1.0 / load if load > 1.0 else 1.0
+        return min(self.retention.kept(engine.name), fits)
 
     def price(self, engine: Engine, n_tokens: int, cached: CachedPrompt) -> EngineCost:
         held = min(cached.tokens, n_tokens)
@@ -116,7 +143,12 @@ class RoutingCost:
         ttft = self.ledger.predict(engine, uncached, lower)
         prefill_s = self.ledger.prefill_seconds(engine, uncached, lower)
         delay = prefill_s * (self.ledger.decoding(engine) + 1.0)
-        evict = self.ledger.predictor.prefill_cost(engine.name) * written * self.live_share(engine)
+        token_s = self.ledger.predictor.prefill_cost(engine.name)
+        evict = token_s * written * self.live_share(engine)
+        dropped = 1.0 - self.kept(engine)
+        lost = (
+            token_s * n_tokens * dropped * self.retention.returns_per_context() if dropped else 0.0
+        )
         return EngineCost(
             engine,
             held,
@@ -124,6 +156,7 @@ class RoutingCost:
             ttft,
             delay,
             evict,
+            lost,
             self.live.blocks(engine.name),
         )
 
@@ -133,9 +166,13 @@ class RoutingCost:
         order = {name: i for i, name in enumerate(prefer)}
         return min(costs, key=lambda c: c.rank(order.get(c.engine.name, len(order))))
 
-    def routed(self, engine: Engine, keys: Sequence[BlockKey]) -> None:
-        """The request's blocks are live on `engine` now."""
+    def routed(
+        self, engine: Engine, keys: Sequence[BlockKey], held: Mapping[str, PrefixMatch]
+    ) -> None:
+        """The request's blocks are live on `engine` now; `held` (engine name -> what the KV
+        index said it held of them) tells whether an earlier prompt it extends was kept."""
         self.live.touch(engine.name, keys)
+        self.retention.routed(engine.name, keys, held)
 
 
 def scores_from_costs(costs: Sequence[EngineCost], chosen: EngineCost) -> dict[str, float]:

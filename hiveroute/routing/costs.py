@@ -1,7 +1,8 @@
 """The router's one TTFT cost model: what every predicting plugin (kv, workflow) shares.
 
 One predictor learns each engine's prefill cost, one backlog counts the prefill work routed to
-each engine, and one live set remembers which blocks each engine wrote lately. Two plugins that
+each engine, one live set remembers which blocks each engine wrote lately, and one retention
+record measures what each engine's cache kept of the prompts that came back. Two plugins that
 predict must see the same ones, or each would count a routed request on its own; so the assembly
 builds one CostModel and every plugin gets its ledger (and cost) from it.
 """
@@ -14,6 +15,7 @@ from hiveroute.kvindex.index import KvIndex
 from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.cost import RoutingCost
 from hiveroute.routing.live_set import LiveSet
+from hiveroute.routing.retention import Retention
 from hiveroute.routing.ttft import TtftPredictor
 from hiveroute.routing.ttft_ledger import TtftLedger
 
@@ -23,11 +25,13 @@ class CostModel:
     predictor: TtftPredictor = field(default_factory=TtftPredictor)
     backlog: PrefillBacklog = field(default_factory=PrefillBacklog)
     live: LiveSet = field(default_factory=LiveSet)
+    retention: Retention = field(default_factory=Retention)
 
     def ledger(self, *, drain_backlog: bool = True) -> TtftLedger:
         """A ledger over this model's predictor and backlog (`drain_backlog`: backlog.py)."""
         return TtftLedger(self.predictor, self.backlog, drain_backlog=drain_backlog)
 
-    def routing_cost(self, index: KvIndex) -> RoutingCost:
-        """The price of a prefill on each engine, over this model and the KV index."""
-        return RoutingCost(self.ledger(), self.live, index)
+    def routing_cost(self, index: KvIndex, ledger: TtftLedger | None = None) -> RoutingCost:
+        """The price of a prefill on each engine, over this model and the KV index (and a
+        ledger of this model's, if the caller keeps one of its own)."""
+        return RoutingCost(ledger or self.ledger(), self.live, index, self.retention)

@@ -47,7 +47,7 @@ from hiveroute.routing.cache_aware import PrefixMatcher, decision_memory
 from hiveroute.routing.cost import CachedPrompt, RoutingCost, scores_from_costs
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.registry import PluginContext
-from hiveroute.routing.request_tokens import TOKEN_IDS_KEY, request_block_keys
+from hiveroute.routing.request_tokens import PREFIX_MATCH_KEY, TOKEN_IDS_KEY, request_block_keys
 from hiveroute.workflows.parents import (
     PARENT_BLOCK,
     Parents,
@@ -123,7 +123,7 @@ class WorkflowPlacementScorer(Scorer):
         # prefix (the `prefix` policy's knowledge), so a workflow still finds its homes
         self.memory = decision_memory(ctx.tokenizer, matches_key=MEMORY_KEY)
         # the router's one cost model (the `kv` policy's ledger, live set and index)
-        self.cost = RoutingCost(self.ledger, ctx.costs.live, ctx.kv_index)
+        self.cost = ctx.costs.routing_cost(ctx.kv_index, self.ledger)
         # where each agent, session and request was last placed: a subagent's parent
         self.parents = Parents()
 
@@ -255,7 +255,9 @@ class WorkflowPlacementScorer(Scorer):
         tokens = state.get(TOKEN_IDS_KEY)
         size = (self.matcher if events else self.memory).block_size(engine)
         if isinstance(tokens, list) and tokens and size is not None:
-            self.cost.routed(engine, request_block_keys(request, state, tokens, size))
+            keys = request_block_keys(request, state, tokens, size)
+            matches: dict[str, PrefixMatch] = state.get(PREFIX_MATCH_KEY, {})
+            self.cost.routed(engine, keys, matches)
         service = self.service
         meta = request.metadata
         chain = self._chain(request, state, tokens) if isinstance(tokens, list) else []

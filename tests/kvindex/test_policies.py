@@ -20,6 +20,7 @@ from hiveroute.routing.live_set import LiveSet
 from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, PluginRegistry, build_policy
 from hiveroute.routing.request_tokens import PREFIX_MATCH_KEY, TOKEN_IDS_KEY
+from hiveroute.routing.retention import Retention
 from hiveroute.routing.ttft import RoutedFeatures, TtftPredictor, learn_ttft
 from hiveroute.routing.ttft_ledger import TtftLedger
 from hiveroute.workflows.placement import WorkflowPlacementScorer
@@ -335,7 +336,7 @@ def test_the_cost_of_a_placement_is_its_ttft_its_engine_time_and_what_it_evicts(
     predictor = TtftPredictor(base_s=0.01, queue_s_per_request=0.02, prefill_s_per_token=1e-4)
     ledger = TtftLedger(predictor, PrefillBacklog(clock=lambda: 0.0))
     index, live = KvIndex(), LiveSet(clock=lambda: 0.0)
-    cost = RoutingCost(ledger, live, index)
+    cost = RoutingCost(ledger, live, index, Retention())
     engine = Engine(EngineSpec("http://127.0.0.1:8100"))
     engine.load.in_flight = 2  # two requests decoding there
     idle = cost.price(engine, 1000, CachedPrompt(gpu_tokens=400))
@@ -355,7 +356,7 @@ def test_a_shared_system_prompt_does_not_keep_new_sessions_off_the_engines_lacki
     engines lacking the prompt get it copied once."""
     predictor = TtftPredictor(base_s=0.01, queue_s_per_request=0.02, prefill_s_per_token=1e-4)
     ledger = TtftLedger(predictor, PrefillBacklog(clock=lambda: 0.0))
-    cost = RoutingCost(ledger, LiveSet(clock=lambda: 0.0), KvIndex())
+    cost = RoutingCost(ledger, LiveSet(clock=lambda: 0.0), KvIndex(), Retention())
     engines = [Engine(EngineSpec(f"http://127.0.0.1:{8100 + i}")) for i in range(4)]
     holder = engines[0]
     holder.load.in_flight = 2  # it took the first sessions
@@ -473,7 +474,9 @@ def test_the_cache_size_an_engine_reports_prices_evictions_before_it_ever_evicts
     assert engine.kv_capacity_blocks == 10 and engine.block_size == 16
     predictor = TtftPredictor(prefill_s_per_token=1e-4)
     live = LiveSet(clock=lambda: 0.0)
-    cost = RoutingCost(TtftLedger(predictor, PrefillBacklog(clock=lambda: 0.0)), live, KvIndex())
+    cost = RoutingCost(
+        TtftLedger(predictor, PrefillBacklog(clock=lambda: 0.0)), live, KvIndex(), Retention()
+    )
     live.touch(engine.name, list(range(5)))  # half its 10 blocks hold live contexts
     priced = cost.price(engine, 1000, CachedPrompt())
     assert priced.evict_s == pytest.approx(1000 * 1e-4 * 0.5)
