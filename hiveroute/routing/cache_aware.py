@@ -245,7 +245,7 @@ class KvTtftScorer(_CacheScorer):
         if tokens and size is not None:
             keys = request_block_keys(request, state, tokens, size)
             matches: dict[str, PrefixMatch] = state.get(PREFIX_MATCH_KEY, {})
-            self.cost.routed(engine, keys, matches)
+            self.cost.routed(engine, keys, matches, state)
         if self.speculative:
             self.matcher.speculate(request, engine, state, None)
 

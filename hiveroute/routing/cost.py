@@ -53,9 +53,13 @@ from dataclasses import dataclass
 from hiveroute.engines.engine import Engine
 from hiveroute.kvindex.blocks import BlockKey
 from hiveroute.kvindex.index import KvIndex, PrefixMatch
+from hiveroute.routing.base import CycleState, StateKey
 from hiveroute.routing.live_set import LiveSet
 from hiveroute.routing.retention import Retention
 from hiveroute.routing.ttft_ledger import TtftLedger
+
+# set once the request's return (or new context) has been counted by `Retention`
+RETURN_OBSERVED_KEY: StateKey[bool] = StateKey("return_observed")
 
 
 @dataclass(frozen=True)
@@ -167,12 +171,20 @@ class RoutingCost:
         return min(costs, key=lambda c: c.rank(order.get(c.engine.name, len(order))))
 
     def routed(
-        self, engine: Engine, keys: Sequence[BlockKey], held: Mapping[str, PrefixMatch]
+        self,
+        engine: Engine,
+        keys: Sequence[BlockKey],
+        held: Mapping[str, PrefixMatch],
+        state: CycleState,
     ) -> None:
         """The request's blocks are live on `engine` now; `held` (engine name -> what the KV
-        index said it held of them) tells whether an earlier prompt it extends was kept."""
+        index said it held of them) tells whether an earlier prompt it extends was kept. A
+        request is observed once, however many plugins or retries route it."""
         self.live.touch(engine.name, keys)
-        self.retention.routed(engine.name, keys, held)
+        if RETURN_OBSERVED_KEY not in state:
+            state[RETURN_OBSERVED_KEY] = True
+            self.retention.observe(keys, held)
+        self.retention.placed(engine.name, keys)
 
 
 def scores_from_costs(costs: Sequence[EngineCost], chosen: EngineCost) -> dict[str, float]:

@@ -80,31 +80,34 @@ class Retention:
     def previous(self, keys: Sequence[BlockKey]) -> Placed | None:
         """The latest routed prompt this one extends (or repeats): its last block is here."""
         ends = self._ends
-        if not ends:
+        if not ends or ends.keys().isdisjoint(keys):  # a new context: one pass, in C
             return None
-        for key in reversed(keys):
+        for key in reversed(keys):  # a return: its predecessor ended near this one's end
             placed = ends.get(key)
             if placed is not None:
                 return placed
         return None
 
-    def routed(
-        self, engine: str, keys: Sequence[BlockKey], held: Mapping[str, PrefixMatch]
-    ) -> None:
-        """A prompt of these blocks went to `engine`; `held` is what each engine was known to
-        hold of it when it was routed (the predecessor's engine among them, if it is still in
-        the pool)."""
+    def observe(self, keys: Sequence[BlockKey], held: Mapping[str, PrefixMatch]) -> None:
+        """A prompt of these blocks is being routed; `held` is what each engine was known to
+        hold of it (the predecessor's engine among them, if it is still in the pool). Once
+        per request: a retry is the same prompt."""
         if not keys:
             return
         now = self.clock()
         before = self.previous(keys)
         if before is None:
             self._new.add(1.0, now, self.window_s)
-        else:
-            self._returns.add(1.0, now, self.window_s)
-            match = held.get(before.engine)
-            if match is not None:
-                self._sample(before.engine, min(match.blocks, before.blocks), before.blocks, now)
+            return
+        self._returns.add(1.0, now, self.window_s)
+        match = held.get(before.engine)
+        if match is not None:
+            self._sample(before.engine, min(match.blocks, before.blocks), before.blocks, now)
+
+    def placed(self, engine: str, keys: Sequence[BlockKey]) -> None:
+        """The prompt went to `engine`: its next turn will look for it there."""
+        if not keys:
+            return
         ends = self._ends
         last = keys[-1]
         ends[last] = Placed(engine, len(keys))

@@ -257,7 +257,7 @@ class WorkflowPlacementScorer(Scorer):
         if isinstance(tokens, list) and tokens and size is not None:
             keys = request_block_keys(request, state, tokens, size)
             matches: dict[str, PrefixMatch] = state.get(PREFIX_MATCH_KEY, {})
-            self.cost.routed(engine, keys, matches)
+            self.cost.routed(engine, keys, matches, state)
         service = self.service
         meta = request.metadata
         chain = self._chain(request, state, tokens) if isinstance(tokens, list) else []
