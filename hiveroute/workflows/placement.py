@@ -17,8 +17,9 @@ An agent returns to the engine holding its own history because the KV index says
 rule. Subagents, with or without a workflow: a request that names a parent seen by this router
 (`parent_agent_id`, `parent_session_id`, `parent_request_id`; workflows/parents.py) expects the
 parent's engine to hold what its prompt shares with the parent's last prompt (a fan-out that
-starts from the parent's context reuses it there), and that engine comes first among equal
-costs; it still goes elsewhere when the predicted cost says so. The hand-off from the parent's
+starts from the parent's context reuses it there) where the engine sends no KV events (where it
+does, the index says what is still there: a conversation's history may have been evicted
+between its turns), and that engine comes first among equal costs; it still goes elsewhere when the predicted cost says so. The hand-off from the parent's
 end to the subagent's start is measured (hiveroute_handoff_latency_seconds). Requests without
 a workflow or a parent are priced like any other.
 
@@ -170,6 +171,11 @@ class WorkflowPlacementScorer(Scorer):
         """The prompt's chain for the subagent map, from the request's memoised block keys."""
         return chain_from_keys(request_block_keys(request, state, tokens, PARENT_BLOCK))
 
+    def has_events(self, name: str) -> bool:
+        """Whether the KV index knows `name`'s blocks (its events told their size)."""
+        engine = self.pool.get(name)
+        return engine is not None and self.matcher.block_size(engine) is not None
+
     def known(self, request: RoutingRequest, state: CycleState, engine: Engine) -> CachedPrompt:
         """What this router knows the engine holds of the prompt: its KV events, or, for an
         engine without events, where this router's own decisions sent the prompt's prefix."""
@@ -190,10 +196,11 @@ class WorkflowPlacementScorer(Scorer):
         served the workflow's shared prefix (this replica may not have seen it go there). The
         agent's own engine does not lend what it holds: that is the agent's own history.
         A subagent's parent's engine is expected to hold what its prompt shares with the
-        parent's last one."""
+        parent's last one, unless that engine sends KV events: then its index says what it
+        still holds (a conversation's history evicted between turns is not there)."""
         held = {e.name: self.known(request, state, e) for e in candidates}
         parent: Seen | None = state.get(PARENT_KEY)
-        if parent is not None and parent.engine in held:
+        if parent is not None and parent.engine in held and not self.has_events(parent.engine):
             tokens = state.get(TOKEN_IDS_KEY)
             if isinstance(tokens, list):
                 shared = shared_tokens(parent.chain, self._chain(request, state, tokens))

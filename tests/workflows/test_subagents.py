@@ -74,3 +74,26 @@ async def test_the_parents_engine_lends_what_the_prompts_share() -> None:
     held = scorer.expected(request, state, None, engines)
     assert held[home].gpu_tokens == PARENT_BLOCK * 6  # what the two prompts share
     assert held[engines[1].name].gpu_tokens == 0
+
+
+async def test_an_engine_with_kv_events_lends_only_what_its_index_still_holds() -> None:
+    """A conversation's next turn names the previous one as its parent; on an engine that
+    sends KV events, the index (not the parent map) says whether the history survived."""
+    router, _ = make_router(n=2)
+    scorer = next(
+        w.scorer for w in router.policy.scorers if isinstance(w.scorer, WorkflowPlacementScorer)
+    )
+    parent_tokens = list(range(1000, 1000 + PARENT_BLOCK * 10))
+    engines = router.pool.candidates(None)
+    home = engines[0]
+    home.block_size = PARENT_BLOCK  # its events have told the router its block size
+    scorer.parents.routed(
+        ["a:lead"], home.name, chain_from_keys(block_keys(parent_tokens, PARENT_BLOCK))
+    )
+    meta = RequestMetadata(parent_agent_id="lead")
+    state = CycleState()
+    state[PARENT_KEY] = scorer.parents.parent_of(meta, None)
+    state[TOKEN_IDS_KEY] = parent_tokens + [7] * PARENT_BLOCK
+    request = RoutingRequest("c", "/v1/completions", {"prompt": state[TOKEN_IDS_KEY]}, meta)
+    held = scorer.expected(request, state, None, engines)
+    assert held[home.name].gpu_tokens == 0  # evicted: the index holds none of it
