@@ -57,6 +57,12 @@ def configure_logging(level: str) -> None:
         server_log.addFilter(MalformedHttpFilter())
 
 
+def access_log_enabled() -> bool:
+    """Whether request lines are written (level info or lower): fields that cost something
+    to build are built only then."""
+    return logging.getLogger(ACCESS_LOGGER).isEnabledFor(logging.INFO)
+
+
 def log_request(fields: dict[str, Any]) -> None:
     logger = logging.getLogger(ACCESS_LOGGER)
     if logger.isEnabledFor(logging.INFO):

@@ -25,7 +25,7 @@ from hiveroute.engines.client import EngineClient, EngineUnreachable, UpstreamAn
 from hiveroute.engines.engine import Engine
 from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import HiverouteError, NoEngineAvailable, NotFound, TooManyRequests
-from hiveroute.gateway.access_log import log_request
+from hiveroute.gateway.access_log import access_log_enabled, log_request
 from hiveroute.gateway.admission import AdmissionController
 from hiveroute.gateway.apis import CHAT, Api
 from hiveroute.gateway.proxy import RelayResult, relay_stream, relay_whole, upstream_headers
@@ -34,6 +34,7 @@ from hiveroute.gateway.usage import Usage
 from hiveroute.observability.metrics import RouterMetrics
 from hiveroute.observability.tracing import RequestSpan
 from hiveroute.routing.base import CycleState, Decision, RequestOutcome, RoutingRequest
+from hiveroute.routing.cost import PRICES_KEY, prices_for_log
 from hiveroute.routing.policy import Policy
 
 log = logging.getLogger("hiveroute.gateway")
@@ -417,8 +418,18 @@ class RequestPipeline:
                 "cached_tokens": outcome.cached_tokens,
                 "completion_tokens": outcome.completion_tokens,
                 "error": ex.error,
+                **self._prices(ex),
             }
         )
+
+    @staticmethod
+    def _prices(ex: Exchange) -> dict[str, Any]:
+        """The candidates' prices in their parts, when a cost-based policy decided and
+        request lines are written."""
+        prices = ex.state.get(PRICES_KEY) if ex.decision is not None else None
+        if not prices or not access_log_enabled():
+            return {}
+        return {"cost_ms": prices_for_log(prices)}
 
     def _count(
         self, ex: Exchange, outcome: RequestOutcome, result: RelayResult | None, usage: Usage | None

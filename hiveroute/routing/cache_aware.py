@@ -34,7 +34,7 @@ from hiveroute.routing.base import (
     StateKey,
     load_bound,
 )
-from hiveroute.routing.cost import CachedPrompt, RoutingCost, scores_from_costs
+from hiveroute.routing.cost import PRICES_KEY, CachedPrompt, RoutingCost, scores_from_costs
 from hiveroute.routing.live_set import LiveSet
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.request_tokens import (
@@ -221,6 +221,7 @@ class KvTtftScorer(_CacheScorer):
         n_tokens = len(tokens) if tokens else 0
         costs = [self.cost.price(e, n_tokens, self.cached(request, e, state)) for e in candidates]
         chosen = RoutingCost.cheapest(costs)
+        state[PRICES_KEY] = costs
         state.setdefault(TTFT_KEY, {}).update({c.engine.name: c.ttft_s for c in costs})
         most = max(c.cached_tokens for c in costs)
         if tokens is None:

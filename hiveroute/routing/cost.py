@@ -60,6 +60,8 @@ from hiveroute.routing.ttft_ledger import TtftLedger
 
 # set once the request's return (or new context) has been counted by `Retention`
 RETURN_OBSERVED_KEY: StateKey[bool] = StateKey("return_observed")
+# every candidate's price as the deciding scorer saw it (for the decision log)
+PRICES_KEY: StateKey[list[EngineCost]] = StateKey("prices")
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,21 @@ class RoutingCost:
             state[RETURN_OBSERVED_KEY] = True
             self.retention.observe(keys, held)
         self.retention.placed(engine.name, keys)
+
+
+def prices_for_log(prices: Sequence[EngineCost]) -> dict[str, dict[str, float]]:
+    """Each candidate's price in its parts, in milliseconds: why the decision went as it did."""
+    return {
+        c.engine.name: {
+            "total": round(c.total_s * 1000, 3),
+            "ttft": round(c.ttft_s * 1000, 3),
+            "delay": round(c.delay_s * 1000, 3),
+            "evict": round(c.evict_s * 1000, 3),
+            "lost": round(c.lost_s * 1000, 3),
+            "cached_tokens": c.cached_tokens,
+        }
+        for c in prices
+    }
 
 
 def scores_from_costs(costs: Sequence[EngineCost], chosen: EngineCost) -> dict[str, float]:

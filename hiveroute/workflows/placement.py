@@ -45,7 +45,7 @@ from hiveroute.routing.base import (
     StateKey,
 )
 from hiveroute.routing.cache_aware import PrefixMatcher, decision_memory
-from hiveroute.routing.cost import CachedPrompt, RoutingCost, scores_from_costs
+from hiveroute.routing.cost import PRICES_KEY, CachedPrompt, RoutingCost, scores_from_costs
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.registry import PluginContext
 from hiveroute.routing.request_tokens import PREFIX_MATCH_KEY, TOKEN_IDS_KEY, request_block_keys
@@ -234,6 +234,7 @@ class WorkflowPlacementScorer(Scorer):
         prefer = [parent.engine] if parent is not None else []
         prefer += view.engines if view is not None else []
         chosen = RoutingCost.cheapest(costs, prefer)
+        state[PRICES_KEY] = costs
         name = chosen.engine.name
         if view is None and parent is not None and name == parent.engine:
             reason = "subagent_parent"
