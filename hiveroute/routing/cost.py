@@ -124,20 +124,19 @@ class RoutingCost:
     def live_load(self, engine: Engine) -> float:
         """Live blocks routed to `engine` per block its cache holds: above 1, more contexts in
         use than it can keep (0 while its size is unknown and it never had to evict)."""
-        capacity = engine.kv_capacity_blocks or self.index.capacity_blocks(engine.name)
-        if not capacity:
-            return 0.0
-        return self.live.blocks(engine.name) / capacity
-
-    def live_share(self, engine: Engine) -> float:
-        """The share of `engine`'s cache that holds contexts still in use."""
-        return min(1.0, self.live_load(engine))
+        return self._load(engine, self.live.blocks(engine.name))
 
     def kept(self, engine: Engine) -> float:
         """The share of a context `engine` will still hold when it comes back: what the
         returns to it found lately, and at most what fits of the live contexts routed to it
         (so a crowd moving to an engine is priced before its returns can show it)."""
-        load = self.live_load(engine)
+        return self._kept(engine, self.live_load(engine))
+
+    def _load(self, engine: Engine, live_blocks: int) -> float:
+        capacity = engine.kv_capacity_blocks or self.index.capacity_blocks(engine.name)
+        return live_blocks / capacity if capacity else 0.0
+
+    def _kept(self, engine: Engine, load: float) -> float:
         fits = 1.0 / load if load > 1.0 else 1.0
         return min(self.retention.kept(engine.name), fits)
 
@@ -150,21 +149,14 @@ class RoutingCost:
         prefill_s = self.ledger.prefill_seconds(engine, uncached, lower)
         delay = prefill_s * (self.ledger.decoding(engine) + 1.0)
         token_s = self.ledger.predictor.prefill_cost(engine.name)
-        evict = token_s * written * self.live_share(engine)
-        dropped = 1.0 - self.kept(engine)
+        live_blocks = self.live.blocks(engine.name)
+        load = self._load(engine, live_blocks)
+        evict = token_s * written * min(1.0, load)
+        dropped = 1.0 - self._kept(engine, load)
         lost = (
             token_s * n_tokens * dropped * self.retention.returns_per_context() if dropped else 0.0
         )
-        return EngineCost(
-            engine,
-            held,
-            written,
-            ttft,
-            delay,
-            evict,
-            lost,
-            self.live.blocks(engine.name),
-        )
+        return EngineCost(engine, held, written, ttft, delay, evict, lost, live_blocks)
 
     @staticmethod
     def cheapest(costs: Sequence[EngineCost], prefer: Sequence[str] = ()) -> EngineCost:
