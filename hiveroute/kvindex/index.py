@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import islice
+from itertools import islice, takewhile
 
 from hiveroute.kvindex.blocks import BlockKey, block_keys
 from hiveroute.kvindex.events import (
@@ -84,11 +84,14 @@ class _Block:
 
 
 class _Engine:
-    __slots__ = ("block_size", "by_hash", "evicted", "most_held", "orphans", "pending")
+    __slots__ = ("block_size", "by_hash", "evicted", "gpu_keys", "most_held", "orphans", "pending")
 
     def __init__(self) -> None:
         self.block_size: int | None = None
         self.by_hash: dict[EngineHash, BlockKey] = {}
+        # keys its events confirmed on the GPU: a prompt's prefix is checked against it in one
+        # C-level pass instead of a Python step per block
+        self.gpu_keys: set[BlockKey] = set()
         self.orphans = 0  # stored blocks whose parent we did not know (chain cannot be computed)
         self.most_held = 0  # the most GPU blocks it held at once
         self.evicted = False  # it has removed a GPU block: its cache has filled up once
@@ -213,6 +216,8 @@ class KvIndex:
             if entry.spec.pop(engine, None) is not None:
                 self._changed(engine)  # confirmed: no longer counted as speculative
             state.by_hash[engine_hash] = key
+            if event.medium == GPU:
+                state.gpu_keys.add(key)
         if event.medium == GPU:
             state.most_held = max(state.most_held, len(state.by_hash))
         self._enforce_cap()
@@ -232,6 +237,8 @@ class KvIndex:
                 continue
             entry = self._blocks.get(key)
             tiers = entry.holders.get(engine) if entry else None
+            if medium == GPU:
+                state.gpu_keys.discard(key)
             if tiers is not None and entry is not None:
                 tiers.pop(medium, None)
                 if tiers:
@@ -253,6 +260,7 @@ class KvIndex:
             if entry is not None and entry.holders.pop(engine, None) is not None:
                 self._drop_if_empty(key, entry)
         state.by_hash.clear()
+        state.gpu_keys.clear()
         for key, entry in list(self._blocks.items()):
             if entry.spec.pop(engine, None) is not None:
                 self._drop_if_empty(key, entry)
@@ -392,11 +400,19 @@ class KvIndex:
         self, engine: str, keys: Sequence[BlockKey], start: int, stop: int, now: float
     ) -> _Walked:
         """keys[start:stop] in order while the engine holds each (on any tier, or
-        speculatively); whether it held them all."""
+        speculatively); whether it held them all. The leading blocks its events confirmed on
+        the GPU (a conversation's or a workflow's history, usually all but the new tail) are
+        counted at C speed; only the rest is stepped through."""
+        state = self._engines.get(engine)
         gpu = lower = spec = 0
+        if state is not None and state.gpu_keys:
+            confirmed = takewhile(state.gpu_keys.__contains__, islice(keys, start, stop))
+            gpu = len(list(confirmed))
         valid_until = math.inf
+        if gpu == stop - start:
+            return _Walked(gpu, lower, spec, valid_until, whole=True)
         get = self._blocks.get
-        for key in islice(keys, start, stop):
+        for key in islice(keys, start + gpu, stop):
             entry = get(key)
             if entry is None:
                 return _Walked(gpu, lower, spec, valid_until, whole=False)
@@ -451,12 +467,13 @@ class KvIndex:
 
     def _enforce_cap(self) -> None:
         while len(self._blocks) > self.max_blocks:
-            _, entry = self._blocks.popitem(last=False)
+            key, entry = self._blocks.popitem(last=False)
             self.evictions += 1
             for engine in (*entry.holders, *entry.spec):
                 self._changed(engine)
             for engine, tiers in entry.holders.items():
                 state = self._engines.get(engine)
                 if state is not None:
+                    state.gpu_keys.discard(key)
                     for engine_hash in tiers.values():
                         state.by_hash.pop(engine_hash, None)

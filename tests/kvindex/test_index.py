@@ -1,6 +1,7 @@
 """The global KV index: events, removals, tiers, LRU cap, speculation, attribution."""
 
 import random
+from itertools import takewhile
 
 from hiveroute.kvindex.blocks import block_keys
 from hiveroute.kvindex.events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -185,10 +186,16 @@ def test_a_prefix_speculated_lately_is_not_speculated_again_for_each_request() -
     assert index.match("e1", longer, BS).speculative_blocks == 3
 
 
+def confirmed_on_gpu(index: KvIndex, engine: str, keys: list[int]) -> int:
+    """How many leading keys the engine's events put on its GPU, key by key (`holders`)."""
+    return len(list(takewhile(lambda key: "GPU" in index.holders(key).get(engine, ()), keys)))
+
+
 def test_a_remembered_prefix_match_equals_a_full_walk_whatever_happens_between() -> None:
     """Matching a shared prefix once per prefix must never change an answer: random stores,
     removals on any tier, speculation, expiry, clears and index evictions between matches,
-    and every match with the shared-prefix hint equals the same match without it."""
+    and every match with the shared-prefix hint equals the same match without it, and counts
+    exactly the blocks `holders` reports on the GPU when none of it is speculative or lower."""
     rng = random.Random(7)
     clock = Clock()
     index = KvIndex(max_blocks=60, speculative_ttl_s=2.0, clock=clock)
@@ -218,7 +225,11 @@ def test_a_remembered_prefix_match_equals_a_full_walk_whatever_happens_between()
             clock.now += rng.choice((0.3, 1.1, 2.5))
         else:
             shared = rng.randint(1, len(keys))
-            assert index.match(engine, keys, BS, shared_blocks=shared) == index.match(
-                engine, keys, BS
-            )
+            found = index.match(engine, keys, BS)
+            assert index.match(engine, keys, BS, shared_blocks=shared) == found
+            # the match counts exactly the blocks confirmed on the GPU when nothing in it is speculative or on a lower tier
+            confirmed = confirmed_on_gpu(index, engine, keys)
+            assert found.gpu_blocks >= confirmed
+            if found.speculative_blocks == 0 and found.lower_blocks == 0:
+                assert found.gpu_blocks == confirmed
     assert index.match_memo_hits >= 50  # the remembered matches were used, not only stored
