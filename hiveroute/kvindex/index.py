@@ -294,16 +294,24 @@ class KvIndex:
         self._sweep(now)
         blocks, queue = self._blocks, self._expiries
         move_to_end = blocks.move_to_end
-        todo: Iterable[BlockKey] = keys
+        start = 0
         if 0 < shared_blocks <= len(keys):
             boundary = blocks.get(keys[shared_blocks - 1])
             if boundary is not None and boundary.spec.get(engine, 0.0) - now > ttl / 2:
-                todo = keys[shared_blocks:]
+                start = shared_blocks
+        state = self._engines.get(engine)
+        if state is not None and state.gpu_keys:
+            # its events confirmed these already: they only move up the index's LRU order, in
+            # two C-level passes (a conversation's history is most of each of its prompts)
+            confirmed = takewhile(state.gpu_keys.__contains__, islice(keys, start, None))
+            n_confirmed = len(list(confirmed))
+            deque(map(move_to_end, islice(keys, start, start + n_confirmed)), maxlen=0)
+            start += n_confirmed
         # Agents resend long shared prefixes: most keys are here already, speculated on this
         # engine by a sibling. Those only get a later expiry; their record in the queue (the
         # sweep re-queues a record whose block was refreshed) stays, so a shared block costs
         # one queue record per TTL, not one per request.
-        for key in todo:
+        for key in islice(keys, start, None):
             entry = blocks.get(key)
             if entry is None:
                 entry = blocks[key] = _Block()
