@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import json
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +43,10 @@ KeysBySize = dict[tuple[int, str | None], list[BlockKey]]
 class _Entry:
     text: str
     ids: list[int]
-    starts: list[int]
+    # each token's start offset in text: an array of machine ints, which the garbage collector
+    # does not walk (64 long prompts' offsets as lists were a million references per full
+    # collection) and which a prefix copies as one block of memory
+    starts: array[int]
     keys: KeysBySize = field(default_factory=dict)
 
 
@@ -150,7 +154,6 @@ class PrefixEncodeCache:
             if common > best_common:
                 best, best_common = entry, common
         ids = PrefixIds()
-        starts: list[int] = []
         source: _Entry | None = None
         reused = 0
         cut = _safe_cut(best, text, best_common, self._safe_split) if best is not None else None
@@ -166,8 +169,9 @@ class PrefixEncodeCache:
             self.reused_tokens += k
             source, reused = best, k
         else:
-            whole, starts = self._encode(text, add_special_tokens)
+            whole, whole_starts = self._encode(text, add_special_tokens)
             ids.extend(whole)
+            starts = array("q", whole_starts)
         extended = best if best is not None and best_common == len(best.text) else None
         entry = _Entry(text, ids, starts)
         ids.keys = entry.keys
