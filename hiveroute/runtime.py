@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import socket
 from collections.abc import Coroutine
@@ -29,6 +30,16 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     """asyncio.run on the fastest event loop available."""
     use_fastest_event_loop()
     return asyncio.run(main)
+
+
+def freeze_startup_objects() -> None:
+    """Take what the process built to start (modules, classes, functions, the application)
+    out of the cyclic garbage collector's scans: it lives as long as the process, yet every
+    full collection walked it again, a pause of tens of milliseconds for every request in
+    flight. Garbage made while starting is collected first; what requests make later is
+    collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 async def wait_for_shutdown_signal() -> None:

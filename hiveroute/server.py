@@ -10,7 +10,7 @@ from aiohttp import web
 
 from hiveroute.assembly import Router, assemble
 from hiveroute.config import RouterConfig
-from hiveroute.runtime import wait_for_shutdown_signal
+from hiveroute.runtime import freeze_startup_objects, wait_for_shutdown_signal
 
 log = logging.getLogger("hiveroute.server")
 
@@ -88,6 +88,7 @@ async def serve(config: RouterConfig, *, serve_workers: ServeWorkers | None = No
             await serve_workers(config, workers)
             return
         running = await start_router(config)
+        freeze_startup_objects()
         log.info("hiveroute listening on %s (policy %s)", running.url, running.router.policy.name)
         try:
             await wait_for_shutdown_signal()

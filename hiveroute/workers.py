@@ -40,7 +40,7 @@ from hiveroute.gateway.app import handle_metrics
 from hiveroute.gateway.parts import GATEWAY_KEY
 from hiveroute.observability.dashboard import add_dashboard_routes
 from hiveroute.observability.merge import merge_metrics, merge_overviews
-from hiveroute.runtime import wait_for_shutdown_signal
+from hiveroute.runtime import freeze_startup_objects, wait_for_shutdown_signal
 from hiveroute.server import start_router
 from hiveroute.state.shared import SharedStateClient, StateServer
 from hiveroute.state.store import open_state_store
@@ -227,6 +227,7 @@ async def _worker(spec: WorkerSpec, ready: Connection) -> None:
         spec.config, router=router, reuse_port=True, extend=siblings.extend
     )
     private = await _serve_private(router, spec.metrics_socket(spec.index))
+    freeze_startup_objects()
     ready.send("ready")
     ready.close()
     try:
