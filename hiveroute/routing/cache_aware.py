@@ -246,7 +246,8 @@ class KvTtftScorer(_CacheScorer):
         if tokens and size is not None:
             keys = request_block_keys(request, state, tokens, size)
             matches: dict[str, PrefixMatch] = state.get(PREFIX_MATCH_KEY, {})
-            self.cost.routed(engine, keys, matches, state)
+            shared = reused_tokens(tokens) // size
+            self.cost.routed(engine, keys, matches, state, shared_blocks=shared)
         if self.speculative:
             self.matcher.speculate(request, engine, state, None)
 

@@ -170,11 +170,14 @@ class RoutingCost:
         keys: Sequence[BlockKey],
         held: Mapping[str, PrefixMatch],
         state: CycleState,
+        *,
+        shared_blocks: int = 0,
     ) -> None:
         """The request's blocks are live on `engine` now; `held` (engine name -> what the KV
         index said it held of them) tells whether an earlier prompt it extends was kept. A
-        request is observed once, however many plugins or retries route it."""
-        self.live.touch(engine.name, keys)
+        request is observed once, however many plugins or retries route it. `shared_blocks`:
+        how many leading keys an earlier prompt had too (the live set may skip them)."""
+        self.live.touch(engine.name, keys, shared_blocks=shared_blocks)
         if RETURN_OBSERVED_KEY not in state:
             state[RETURN_OBSERVED_KEY] = True
             self.retention.observe(keys, held)

@@ -44,8 +44,13 @@ class LiveSet:
         self._oldest: dict[str, float] = {}  # engine -> no block there was touched before this
         self._swept: dict[str, float] = {}  # engine -> when it was last swept
 
-    def touch(self, engine: str, keys: Sequence[BlockKey]) -> None:
-        """A request with these blocks was routed to `engine`: they are live there now."""
+    def touch(self, engine: str, keys: Sequence[BlockKey], *, shared_blocks: int = 0) -> None:
+        """A request with these blocks was routed to `engine`: they are live there now.
+
+        `shared_blocks`: how many leading keys this prompt shares with one tokenized before.
+        When the last of them was touched here within the sweep's granularity, so were all
+        before it (a key names its whole prefix): only the rest are touched again, and a
+        conversation's history costs its new turn, not its length."""
         if not keys:
             return
         now = self.clock()
@@ -53,6 +58,10 @@ class LiveSet:
         if blocks is None:
             blocks = self._by_engine[engine] = {}
             self._oldest[engine] = now
+        if 0 < shared_blocks <= len(keys):
+            touched = blocks.get(keys[shared_blocks - 1])
+            if touched is not None and now - touched < self.window_s / SWEEPS_PER_WINDOW:
+                keys = keys[shared_blocks:]
         blocks.update(dict.fromkeys(keys, now))
         self._sweep(engine, blocks, now)
 

@@ -324,6 +324,26 @@ def test_the_live_set_keeps_blocks_touched_within_its_window() -> None:
         LiveSet(window_s=0)
 
 
+def test_a_prompt_that_extends_a_recent_one_touches_only_its_new_blocks() -> None:
+    """A key names its whole prefix: when the last shared key was touched within the sweep's
+    granularity (window / 16), so was everything before it, and only the new tail is touched
+    again; when that touch is older, the whole prompt is."""
+    now = [0.0]
+    live = LiveSet(window_s=16.0, clock=lambda: now[0])  # granularity: 1 s
+    live.touch("a", [1, 2, 3])
+    now[0] = 0.5
+    live.touch("a", [1, 2, 3, 4, 5], shared_blocks=3)  # 1-3 keep their touch at 0
+    assert live.blocks("a") == 5
+    now[0] = 16.2
+    assert live.blocks("a") == 2  # 1-3 expired with their touch at 0; 4 and 5 live to 16.5
+    now[0] = 20.0
+    live.touch("a", [4, 5, 6])
+    now[0] = 22.0  # 5's touch is 2 s old, past the granularity: all are touched again
+    live.touch("a", [4, 5, 6, 7], shared_blocks=3)
+    now[0] = 37.5
+    assert live.blocks("a") == 4  # all touched at 22, live to 38
+
+
 def test_an_engines_capacity_is_known_once_it_has_evicted() -> None:
     index = KvIndex()
     index.apply("e", BlockStored([1, 2, 3], None, list(range(3 * BS)), BS))
