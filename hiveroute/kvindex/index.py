@@ -126,6 +126,11 @@ class KvIndex:
         self._versions: dict[str, int] = {}
         # (engine, last shared block) -> (the engine's version then, what it held of the prefix)
         self._matched: dict[tuple[str, BlockKey], tuple[int, _Walked]] = {}
+        # engine -> how many times it may have lost blocks (removed, cleared, forgotten)
+        self._losses: dict[str, int] = {}
+        # (engine, last shared block) -> (the engine's losses, when) a prompt's blocks up to it
+        # were last speculated or confirmed there, all of them
+        self._refreshed: dict[tuple[str, BlockKey], tuple[int, float]] = {}
         self.match_memo_hits = 0
 
     # --- sizes and engines -------------------------------------------------------------------
@@ -231,6 +236,7 @@ class KvIndex:
             return
         medium = medium or GPU
         self._changed(engine)
+        self._lost(engine)
         for engine_hash in hashes:
             key = state.by_hash.get(engine_hash)
             if key is None:
@@ -255,6 +261,7 @@ class KvIndex:
         if state is None:
             return
         self._changed(engine)
+        self._lost(engine)
         for key in set(state.by_hash.values()):
             entry = self._blocks.get(key)
             if entry is not None and entry.holders.pop(engine, None) is not None:
@@ -295,10 +302,9 @@ class KvIndex:
         blocks, queue = self._blocks, self._expiries
         move_to_end = blocks.move_to_end
         start = 0
-        if 0 < shared_blocks <= len(keys):
-            boundary = blocks.get(keys[shared_blocks - 1])
-            if boundary is not None and boundary.spec.get(engine, 0.0) - now > ttl / 2:
-                start = shared_blocks
+        if 0 < shared_blocks <= len(keys) and self._fresh(engine, keys, shared_blocks, now, ttl):
+            start = shared_blocks
+        whole = start == 0  # every key is refreshed, the shared ones too
         state = self._engines.get(engine)
         if state is not None and state.gpu_keys:
             # its events confirmed these already: they only move up the index's LRU order, in
@@ -326,7 +332,32 @@ class KvIndex:
             entry.spec[engine] = expiry
             if previous is None or previous <= now:
                 queue.append((expiry, key, engine))
+        if whole and shared_blocks > 0:
+            if len(self._refreshed) >= MAX_MATCH_MEMO:
+                self._refreshed.clear()
+            losses = self._losses.get(engine, 0)
+            self._refreshed[(engine, keys[shared_blocks - 1])] = (losses, now)
         self._enforce_cap()
+
+    def _fresh(
+        self, engine: str, keys: Sequence[BlockKey], shared: int, now: float, ttl: float
+    ) -> bool:
+        """Whether keys[:shared] were all speculated or confirmed on `engine` less than half a
+        TTL ago: the last of them was speculated then (speculation covers a prompt from its
+        start), or a prompt that ended its shared part there was refreshed whole then and the
+        engine has lost no block since."""
+        boundary_key = keys[shared - 1]
+        boundary = self._blocks.get(boundary_key)
+        if boundary is None:
+            return False
+        if boundary.spec.get(engine, 0.0) - now > ttl / 2:
+            return True
+        found = self._refreshed.get((engine, boundary_key))
+        return (
+            found is not None
+            and found[0] == self._losses.get(engine, 0)
+            and now - found[1] < ttl / 2
+        )
 
     def add_speculative_tokens(
         self,
@@ -443,6 +474,10 @@ class KvIndex:
         """The engine may hold less of some prefix than a remembered match says."""
         self._versions[engine] = self._versions.get(engine, 0) + 1
 
+    def _lost(self, engine: str) -> None:
+        """The engine may have lost blocks a remembered refresh covered."""
+        self._losses[engine] = self._losses.get(engine, 0) + 1
+
     def match_tokens(
         self, engine: str, token_ids: Sequence[int], *, salt: str | None = None
     ) -> PrefixMatch:
@@ -479,6 +514,7 @@ class KvIndex:
             self.evictions += 1
             for engine in (*entry.holders, *entry.spec):
                 self._changed(engine)
+                self._lost(engine)
             for engine, tiers in entry.holders.items():
                 state = self._engines.get(engine)
                 if state is not None:

@@ -186,6 +186,29 @@ def test_a_prefix_speculated_lately_is_not_speculated_again_for_each_request() -
     assert index.match("e1", longer, BS).speculative_blocks == 3
 
 
+def test_a_confirmed_prefix_refreshed_lately_is_respeculated_once_the_engine_lost_a_block() -> None:
+    """A workflow's context, confirmed by events, is refreshed once per half TTL, not for each
+    of its requests; but once the engine removes one of its blocks, the next request that
+    sends the context speculates that block again (the engine will store it again)."""
+    clock = Clock()
+    index = KvIndex(speculative_ttl_s=2.0, clock=clock)
+    context = list(range(16))  # 4 blocks
+    index.apply("e1", BlockStored([11, 12, 13, 14], None, context, BS))
+    first = block_keys([*context, *range(50, 58)], BS)  # the context and 2 blocks of its own
+    second = block_keys([*context, *range(60, 68)], BS)
+    index.add_speculative("e1", first, shared_blocks=4)
+    clock.now += 0.25
+    index.add_speculative("e1", second, shared_blocks=4)  # within half a TTL: its tail only
+    assert index.match("e1", second, BS).gpu_blocks == 6
+    index.apply("e1", BlockRemoved([12]))  # the engine evicted the context's second block
+    assert index.match("e1", second, BS).gpu_blocks == 1
+    clock.now += 0.25  # still within half a TTL of the refresh
+    third = block_keys([*context, *range(70, 78)], BS)
+    index.add_speculative("e1", third, shared_blocks=4)
+    found = index.match("e1", third, BS)
+    assert (found.gpu_blocks, found.speculative_blocks) == (6, 3)  # block 2 and its own two
+
+
 def confirmed_on_gpu(index: KvIndex, engine: str, keys: list[int]) -> int:
     """How many leading keys the engine's events put on its GPU, key by key (`holders`)."""
     return len(list(takewhile(lambda key: "GPU" in index.holders(key).get(engine, ()), keys)))
