@@ -305,14 +305,11 @@ class KvIndex:
         if 0 < shared_blocks <= len(keys) and self._fresh(engine, keys, shared_blocks, now, ttl):
             start = shared_blocks
         whole = start == 0  # every key is refreshed, the shared ones too
-        state = self._engines.get(engine)
-        if state is not None and state.gpu_keys:
-            # its events confirmed these already: they only move up the index's LRU order, in
-            # two C-level passes (a conversation's history is most of each of its prompts)
-            confirmed = takewhile(state.gpu_keys.__contains__, islice(keys, start, None))
-            n_confirmed = len(list(confirmed))
-            deque(map(move_to_end, islice(keys, start, start + n_confirmed)), maxlen=0)
-            start += n_confirmed
+        # its events confirmed these already: they only move up the index's LRU order, in
+        # C-level passes (a conversation's history is most of each of its prompts)
+        n_confirmed = self._confirmed_run(engine, keys, start, len(keys))
+        deque(map(move_to_end, islice(keys, start, start + n_confirmed)), maxlen=0)
+        start += n_confirmed
         # Agents resend long shared prefixes: most keys are here already, speculated on this
         # engine by a sibling. Those only get a later expiry; their record in the queue (the
         # sweep re-queues a record whose block was refreshed) stays, so a shared block costs
@@ -442,11 +439,8 @@ class KvIndex:
         speculatively); whether it held them all. The leading blocks its events confirmed on
         the GPU (a conversation's or a workflow's history, usually all but the new tail) are
         counted at C speed; only the rest is stepped through."""
-        state = self._engines.get(engine)
-        gpu = lower = spec = 0
-        if state is not None and state.gpu_keys:
-            confirmed = takewhile(state.gpu_keys.__contains__, islice(keys, start, stop))
-            gpu = len(list(confirmed))
+        gpu = self._confirmed_run(engine, keys, start, stop)
+        lower = spec = 0
         valid_until = math.inf
         if gpu == stop - start:
             return _Walked(gpu, lower, spec, valid_until, whole=True)
@@ -469,6 +463,14 @@ class KvIndex:
             else:
                 return _Walked(gpu, lower, spec, valid_until, whole=False)
         return _Walked(gpu, lower, spec, valid_until, whole=True)
+
+    def _confirmed_run(self, engine: str, keys: Sequence[BlockKey], start: int, stop: int) -> int:
+        """How many of keys[start:stop], from the first, the engine's events confirmed on its
+        GPU: counted at C speed, stopping at the first it lacks."""
+        state = self._engines.get(engine)
+        if state is None or not state.gpu_keys:
+            return 0
+        return len(list(takewhile(state.gpu_keys.__contains__, islice(keys, start, stop))))
 
     def _changed(self, engine: str) -> None:
         """The engine may hold less of some prefix than a remembered match says."""

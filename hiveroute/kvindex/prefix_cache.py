@@ -70,6 +70,11 @@ def reused_tokens(token_ids: Sequence[int]) -> int:
     return token_ids.reused if isinstance(token_ids, PrefixIds) else 0
 
 
+def reused_blocks(token_ids: Sequence[int], block_size: int) -> int:
+    """How many leading full blocks `token_ids` share with an encoding made before."""
+    return reused_tokens(token_ids) // block_size
+
+
 def prefix_block_keys(
     token_ids: Sequence[int], block_size: int, *, salt: str | None = None
 ) -> list[BlockKey]:

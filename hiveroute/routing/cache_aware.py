@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from hiveroute.engines.engine import Engine
 from hiveroute.kvindex.index import KvIndex, PrefixMatch
-from hiveroute.kvindex.prefix_cache import reused_tokens
+from hiveroute.kvindex.prefix_cache import reused_blocks
 from hiveroute.kvindex.tokenizer import Tokenizer
 from hiveroute.routing.base import (
     CycleState,
@@ -122,7 +122,7 @@ class PrefixMatcher:
                 found = PrefixMatch(block_size=size or 1)
             else:
                 keys = request_block_keys(request, state, tokens, size)
-                shared = reused_tokens(tokens) // size  # blocks an earlier prompt had too
+                shared = reused_blocks(tokens, size)  # blocks an earlier prompt had too
                 found = self.index.match(engine.name, keys, size, shared_blocks=shared)
             matches[engine.name] = found
         return found
@@ -140,7 +140,7 @@ class PrefixMatcher:
             self.index.add_speculative_tokens(engine.name, tokens, salt=salt, ttl_s=ttl_s)
         else:
             keys = request_block_keys(request, state, tokens, size)
-            shared = reused_tokens(tokens) // size  # blocks an earlier prompt had too
+            shared = reused_blocks(tokens, size)  # blocks an earlier prompt had too
             self.index.add_speculative(engine.name, keys, ttl_s=ttl_s, shared_blocks=shared)
 
 
@@ -246,7 +246,7 @@ class KvTtftScorer(_CacheScorer):
         if tokens and size is not None:
             keys = request_block_keys(request, state, tokens, size)
             matches: dict[str, PrefixMatch] = state.get(PREFIX_MATCH_KEY, {})
-            shared = reused_tokens(tokens) // size
+            shared = reused_blocks(tokens, size)
             self.cost.routed(engine, keys, matches, state, shared_blocks=shared)
         if self.speculative:
             self.matcher.speculate(request, engine, state, None)

@@ -36,7 +36,7 @@ import time
 from hiveroute.engines.engine import Engine
 from hiveroute.kvindex.blocks import BlockKey
 from hiveroute.kvindex.index import PrefixMatch
-from hiveroute.kvindex.prefix_cache import reused_tokens
+from hiveroute.kvindex.prefix_cache import reused_blocks
 from hiveroute.routing.base import (
     CycleState,
     RequestOutcome,
@@ -266,7 +266,7 @@ class WorkflowPlacementScorer(Scorer):
         if isinstance(tokens, list) and tokens and size is not None:
             keys = request_block_keys(request, state, tokens, size)
             matches: dict[str, PrefixMatch] = state.get(PREFIX_MATCH_KEY, {})
-            shared = reused_tokens(tokens) // size
+            shared = reused_blocks(tokens, size)
             self.cost.routed(engine, keys, matches, state, shared_blocks=shared)
         service = self.service
         meta = request.metadata
