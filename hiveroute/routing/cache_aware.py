@@ -44,6 +44,7 @@ from hiveroute.routing.request_tokens import (
     request_token_ids,
 )
 from hiveroute.routing.retention import Retention
+from hiveroute.routing.sharing import context_of
 from hiveroute.routing.ttft_ledger import TtftLedger
 
 # the engines the guard removed this cycle
@@ -126,6 +127,23 @@ class PrefixMatcher:
                 found = self.index.match(engine.name, keys, size, shared_blocks=shared)
             matches[engine.name] = found
         return found
+
+    def priced(
+        self,
+        cost: RoutingCost,
+        request: RoutingRequest,
+        state: CycleState,
+        held: dict[str, CachedPrompt],
+        holder: Engine,
+    ) -> dict[str, CachedPrompt]:
+        """What each engine is priced as holding (`RoutingCost.with_copies`), in the blocks of
+        `holder`, the engine holding the most of the prompt."""
+        tokens = self.tokens(request, state)
+        size = self.block_size(holder)
+        if not tokens or size is None:
+            return held
+        keys = request_block_keys(request, state, tokens, size)
+        return cost.with_copies(held, keys, size, context_of(request), state)
 
     def speculate(
         self, request: RoutingRequest, engine: Engine, state: CycleState, ttl_s: float | None
@@ -219,18 +237,22 @@ class KvTtftScorer(_CacheScorer):
     ) -> dict[str, float]:
         tokens = self.matcher.tokens(request, state)
         n_tokens = len(tokens) if tokens else 0
-        costs = [self.cost.price(e, n_tokens, self.cached(request, e, state)) for e in candidates]
-        chosen = RoutingCost.cheapest(costs)
+        held = {e.name: self.cached(request, e, state) for e in candidates}
+        holder = max(candidates, key=lambda e: held[e.name].tokens)
+        priced = self.matcher.priced(self.cost, request, state, held, holder)
+        costs = [self.cost.price(e, n_tokens, priced[e.name]) for e in candidates]
+        chosen = self.cost.cheapest(costs)
         state[PRICES_KEY] = costs
         state.setdefault(TTFT_KEY, {}).update({c.engine.name: c.ttft_s for c in costs})
-        most = max(c.cached_tokens for c in costs)
+        most = min(held[holder.name].tokens, n_tokens)
+        chosen_held = min(held[chosen.engine.name].tokens, n_tokens)
         if tokens is None:
             reason = "no_tokens"
         elif self.guard_took_best(request, state, most):
             reason = "load_guard"
         elif most == 0:
             reason = "kv_miss"
-        elif chosen.cached_tokens == most:
+        elif chosen_held == most:
             reason = "kv_hit"
         else:
             reason = "kv_ttft_tradeoff"

@@ -15,14 +15,22 @@ The router sends a request to the engine where it costs the fleet least, in seco
                            before it comes back: prompt × cost × the share of returning blocks
                            e lately no longer held × how many times a context comes back
 
+with one amendment for a prefix many contexts share: where another engine holds a longer prefix
+of the prompt than e, and more distinct contexts (workflows, else sessions, else requests) than
+the fleet has engines built on that prefix lately, e is priced as holding it too. Such a prefix
+will keep being built on: each engine copies it once and serves its share of the contexts to
+come, so a copy is not a reason to keep new contexts off the engines that lack it. A prefix
+fewer contexts share (a conversation's history, one workflow's context) stays where it is.
+
 Everything follows from that sum, with no rule of its own:
 - A prompt an engine holds costs little there: the cache saves its prefill once, in ttft(e).
 - A prompt nobody holds much of (a new conversation, a new document) costs its whole prefill
   everywhere, so the engines differ only by load and by how full of live contexts they are:
   new contexts spread over the fleet by plain load balancing.
-- A prefix every session shares (a system prompt) saves the same few hundred milliseconds on
-  the engines that hold it; a busy engine or a cache full of live sessions outweighs that, so
-  the prefix gets copied to the others once instead of keeping new sessions off them for good.
+- A prefix every session shares (a system prompt) is priced, once more sessions than engines
+  have built on it, as held everywhere (the amendment): new sessions spread by load and live
+  share, and each engine copies the prefix once, instead of every new session following the
+  first engine that happened to cache it.
 - A follow-up whose history is cached stays with it while the queue there costs less than
   prefilling the history elsewhere, which also writes a second copy into someone's cache.
 - An engine whose cache cannot keep the contexts it serves (more live sessions than fit, so
@@ -40,14 +48,17 @@ unknown and that never had to evict still has room, and writing to it evicts not
 kept and how often contexts return are measured, not modelled (`Retention`: the share of a
 returning prompt's blocks its engine still held, and returns per new context, lately). (Eviction
 is least-recently-used; taking an evicted block to be live with the live share's probability,
-as random eviction would, prices a cache filling up before it is full, not only at the edge.) Ties (an idle fleet, nothing cached) go to the engine holding more of the
-prompt, then to the caller's preference (a workflow's homes), then to the engine with the fewest
-live blocks and the fewest requests in flight.
+as random eviction would, prices a cache filling up before it is full, not only at the edge.) Costs that differ by less than the TTFT predictor's recent error (the root mean square of
+measured minus predicted TTFT) are equal: the sum cannot tell them apart, so no engine is clearly
+better, and the decision among them is plain load balancing: the caller's preference (a
+workflow's homes) first, then the engine with the fewest live blocks, the fewest requests in
+flight, and the most of the prompt cached. An idle fleet fills evenly, and a prediction's noise
+(a few milliseconds between engines of one kind) cannot send every new context to one engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hiveroute.engines.engine import Engine
@@ -56,10 +67,15 @@ from hiveroute.kvindex.index import KvIndex, PrefixMatch
 from hiveroute.routing.base import CycleState, StateKey
 from hiveroute.routing.live_set import LiveSet
 from hiveroute.routing.retention import Retention
+from hiveroute.routing.sharing import SharedPrefixes
 from hiveroute.routing.ttft_ledger import TtftLedger
 
-# set once the request's return (or new context) has been counted by `Retention`
+# set once the request's return (or new context) has been counted by `Retention` and the
+# prefix it built on by `SharedPrefixes`
 RETURN_OBSERVED_KEY: StateKey[bool] = StateKey("return_observed")
+# the last block of the longest prefix of the request that some engine holds (what it builds
+# on), and the request's context (see routing/sharing.py)
+BUILT_ON_KEY: StateKey[tuple[BlockKey, Hashable]] = StateKey("built_on")
 # every candidate's price as the deciding scorer saw it (for the decision log)
 PRICES_KEY: StateKey[list[EngineCost]] = StateKey("prices")
 
@@ -81,17 +97,15 @@ class EngineCost:
     def total_s(self) -> float:
         return self.ttft_s + self.delay_s + self.evict_s + self.lost_s
 
-    def rank(self, preference: int = 0) -> tuple[float, int, int, int, float, str]:
-        """Least cost first; among equals the engine holding more of the prompt, then the
-        caller's `preference` (lower first), then the emptier engine (fewer live blocks, fewer
-        requests in flight), so an idle fleet fills evenly."""
-        load = self.engine.load.queue_depth
+    def rank(self, preference: int = 0) -> tuple[int, int, float, int, str]:
+        """Among engines of equal cost: the caller's `preference` (lower first), then the
+        emptier engine (fewer live blocks, fewer requests in flight), then the one holding
+        more of the prompt."""
         return (
-            self.total_s,
-            -self.cached_tokens,
             preference,
             self.live_blocks,
-            load,
+            self.engine.load.queue_depth,
+            -self.cached_tokens,
             self.engine.name,
         )
 
@@ -114,12 +128,18 @@ class RoutingCost:
     placement costs, shared by the `kv_ttft` scorer and workflow placement."""
 
     def __init__(
-        self, ledger: TtftLedger, live: LiveSet, index: KvIndex, retention: Retention
+        self,
+        ledger: TtftLedger,
+        live: LiveSet,
+        index: KvIndex,
+        retention: Retention,
+        sharing: SharedPrefixes | None = None,
     ) -> None:
         self.ledger = ledger
         self.live = live
         self.index = index
         self.retention = retention
+        self.sharing = SharedPrefixes() if sharing is None else sharing
 
     def live_load(self, engine: Engine) -> float:
         """Live blocks routed to `engine` per block its cache holds: above 1, more contexts in
@@ -158,11 +178,41 @@ class RoutingCost:
         )
         return EngineCost(engine, held, written, ttft, delay, evict, lost, live_blocks)
 
-    @staticmethod
-    def cheapest(costs: Sequence[EngineCost], prefer: Sequence[str] = ()) -> EngineCost:
-        """The least costly engine; among equals, those named in `prefer`, in its order."""
+    def with_copies(
+        self,
+        held: Mapping[str, CachedPrompt],
+        keys: Sequence[BlockKey],
+        block_size: int,
+        context: Hashable,
+        state: CycleState,
+    ) -> dict[str, CachedPrompt]:
+        """What each engine is priced as holding (the module docstring's amendment): what it
+        holds, and the longest prefix another engine holds where more contexts than engines
+        built on it lately. `keys` are the prompt's blocks of `block_size` tokens; `context`
+        the request's (routing/sharing.py)."""
+        priced = dict(held)
+        most = max((c.tokens for c in held.values()), default=0)
+        blocks = min(most // block_size, len(keys)) if block_size > 0 else 0
+        if blocks == 0:
+            return priced
+        last = keys[blocks - 1]
+        state[BUILT_ON_KEY] = (last, context)
+        if self.sharing.contexts(last, besides=context) + 1 <= len(held):
+            return priced
+        prefix = blocks * block_size
+        for name, c in held.items():
+            if c.tokens < prefix:
+                priced[name] = CachedPrompt(prefix - c.lower_tokens, c.lower_tokens)
+        return priced
+
+    def cheapest(self, costs: Sequence[EngineCost], prefer: Sequence[str] = ()) -> EngineCost:
+        """The least costly engine. Costs closer to the least than the TTFT predictor's recent
+        error are equal (no clear benefit): among them the engines named in `prefer`, in its
+        order, then the emptiest (`EngineCost.rank`)."""
+        least = min(c.total_s for c in costs)
+        equal = [c for c in costs if c.total_s <= least + self.ledger.predictor.error_s()]
         order = {name: i for i, name in enumerate(prefer)}
-        return min(costs, key=lambda c: c.rank(order.get(c.engine.name, len(order))))
+        return min(equal, key=lambda c: c.rank(order.get(c.engine.name, len(order))))
 
     def routed(
         self,
@@ -181,6 +231,9 @@ class RoutingCost:
         if RETURN_OBSERVED_KEY not in state:
             state[RETURN_OBSERVED_KEY] = True
             self.retention.observe(keys, held)
+            built_on = state.get(BUILT_ON_KEY)
+            if built_on is not None:
+                self.sharing.built_on(*built_on)
         self.retention.placed(engine.name, keys)
 
 

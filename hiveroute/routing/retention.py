@@ -37,8 +37,9 @@ class Placed:
     blocks: int
 
 
-class _Decayed:
-    """A sum whose terms fade with a time constant: the recent past's total."""
+class Decayed:
+    """A sum whose terms fade with a time constant: the recent past's total (at a steady
+    rate, rate × the time constant)."""
 
     __slots__ = ("at", "value")
 
@@ -72,10 +73,10 @@ class Retention:
         self.clock = clock
         self.max_prompts = max_prompts
         self._ends: OrderedDict[BlockKey, Placed] = OrderedDict()  # last block -> placement
-        self._found: dict[str, _Decayed] = {}
-        self._expected: dict[str, _Decayed] = {}
-        self._returns = _Decayed()
-        self._new = _Decayed()
+        self._found: dict[str, Decayed] = {}
+        self._expected: dict[str, Decayed] = {}
+        self._returns = Decayed()
+        self._new = Decayed()
 
     def previous(self, keys: Sequence[BlockKey]) -> Placed | None:
         """The latest routed prompt this one extends (or repeats): its last block is here."""
@@ -117,8 +118,8 @@ class Retention:
 
     def _sample(self, engine: str, found: int, expected: int, now: float) -> None:
         if engine not in self._expected:
-            self._found[engine] = _Decayed()
-            self._expected[engine] = _Decayed()
+            self._found[engine] = Decayed()
+            self._expected[engine] = Decayed()
         self._found[engine].add(found, now, self.window_s)
         self._expected[engine].add(expected, now, self.window_s)
 

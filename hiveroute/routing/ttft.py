@@ -9,7 +9,10 @@ behind one router usually serve one model on one kind of hardware, so an engine'
 its own fit and the fleet's mean fit weighted by how much each has measured (the fleet counts as
 ten observations, the engine as its own, up to one forgetting window). An
 engine not measured yet is predicted as the fleet; only before any measurement do the defaults
-below apply. Without that, an engine that got no request early kept the defaults, which are
+below apply. An engine's own measurements also age with every TTFT the fleet measures after
+them: one the router stopped sending requests to drifts back to the fleet's prediction, so a
+few unlucky measurements (a prefill that met a burst) cannot keep an engine of the same
+hardware idle for good. Without that, an engine that got no request early kept the defaults, which are
 slower than most real engines, and one whose first two TTFTs were slow (a cold start) kept
 those: either way the router never sent it another request and starved it for good, since it
 only learns from what it routes. Blocks on a lower
@@ -42,13 +45,14 @@ class TtftEstimate:
 
 
 class _EngineModel:
-    __slots__ = ("observations", "p", "theta")
+    __slots__ = ("last_tick", "observations", "p", "theta")
 
     def __init__(self, prior: np.ndarray) -> None:
         self.theta = prior.copy()
         # prior variance: a few times each default, so a handful of observations move it
         self.p = np.diag((np.maximum(prior, 1e-3) * 10.0) ** 2)
         self.observations = 0
+        self.last_tick = 0  # the fleet's observation count at this engine's latest
 
 
 class TtftPredictor:
@@ -72,6 +76,10 @@ class TtftPredictor:
         self.lower_tier_factor = lower_tier_factor
         self.forgetting = forgetting
         self._models: dict[str, _EngineModel] = {}
+        self._tick = 0  # TTFTs measured across the fleet
+        # squared errors of the predictions those TTFTs were measured against, with forgetting
+        self._squared_error = 0.0
+        self._error_weight = 0.0
         self._fleet_theta: np.ndarray | None = None  # mean of the measured engines' fits
         self._effective: dict[str, np.ndarray] = {}  # engine -> its fit shrunk to the fleet's
         # the observations a fit remembers: 1 / (1 - forgetting), e.g. 50 at 0.98
@@ -87,8 +95,11 @@ class TtftPredictor:
         return model
 
     def _weight(self, model: _EngineModel) -> float:
-        """How many observations an engine's fit stands for (forgetting caps it at a window)."""
-        return float(min(model.observations, self._window))
+        """How many observations an engine's fit stands for: forgetting caps it at a window,
+        and ages it by every TTFT the fleet measured since its latest, beyond the gap its fair
+        share leaves (one in as many as there are engines)."""
+        age = max(0, self._tick - model.last_tick - len(self._models))
+        return float(min(model.observations, self._window)) * self.forgetting**age
 
     def _theta(self, engine: str) -> np.ndarray:
         """The model `engine` is predicted with: its fit, shrunk towards the fleet's."""
@@ -120,6 +131,13 @@ class TtftPredictor:
     def queue_cost(self, engine: str) -> float:
         """Seconds each request ahead in the queue adds."""
         return float(self._theta(engine)[1])
+
+    def error_s(self) -> float:
+        """How far off the predictions were lately: the root mean square of measured minus
+        predicted TTFT (0 before any measurement)."""
+        if not self._error_weight:
+            return 0.0
+        return float(np.sqrt(self._squared_error / self._error_weight))
 
     def observations(self, engine: str) -> int:
         model = self._models.get(engine)
@@ -156,12 +174,20 @@ class TtftPredictor:
         """Fold one measured TTFT into the engine's model (one RLS step)."""
         if not (0.0 < ttft_s < 3600.0) or uncached_tokens < 0:
             return
+        predicted = self.predict(
+            engine,
+            queue_depth=queue_depth,
+            uncached_tokens=uncached_tokens,
+            lower_tier_tokens=lower_tier_tokens,
+        )
+        lam = self.forgetting
+        self._squared_error = lam * self._squared_error + (ttft_s - predicted) ** 2
+        self._error_weight = lam * self._error_weight + 1.0
         model = self._model(engine)
         if model.observations == 0 and self._fleet_theta is not None:
             model.theta = self._fleet_theta.copy()  # start from what the fleet taught
         tokens = uncached_tokens + lower_tier_tokens * self.lower_tier_factor
         x = np.array([1.0, max(0.0, queue_depth), tokens / _TOKEN_SCALE])
-        lam = self.forgetting
         px = model.p @ x
         gain = px / (lam + x @ px)
         model.theta = model.theta + gain * (ttft_s - x @ model.theta)
@@ -174,6 +200,8 @@ class TtftPredictor:
         # costs are physical: never negative, and the prefill cost never collapses to zero
         model.theta = np.maximum(model.theta, [0.0, 0.0, 1e-9 * _TOKEN_SCALE])
         model.observations += 1
+        self._tick += 1
+        model.last_tick = self._tick
         self._refresh_fleet()
 
 

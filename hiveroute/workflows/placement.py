@@ -46,7 +46,7 @@ from hiveroute.routing.base import (
     StateKey,
 )
 from hiveroute.routing.cache_aware import PrefixMatcher, decision_memory
-from hiveroute.routing.cost import PRICES_KEY, CachedPrompt, RoutingCost, scores_from_costs
+from hiveroute.routing.cost import PRICES_KEY, CachedPrompt, scores_from_costs
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.registry import PluginContext
 from hiveroute.routing.request_tokens import PREFIX_MATCH_KEY, TOKEN_IDS_KEY, request_block_keys
@@ -97,9 +97,7 @@ def new_context_home(service: WorkflowService, candidates: list[Engine], n_chars
     pre-warm): the engine where prefilling it costs the fleet least."""
     cost = service.cost
     n_tokens = int(n_chars / 4.0)
-    return RoutingCost.cheapest(
-        [cost.price(e, n_tokens, CachedPrompt()) for e in candidates]
-    ).engine
+    return cost.cheapest([cost.price(e, n_tokens, CachedPrompt()) for e in candidates]).engine
 
 
 class WorkflowPlacementScorer(Scorer):
@@ -149,8 +147,10 @@ class WorkflowPlacementScorer(Scorer):
         if view.home is not None and pool.get(view.home) is not None:
             return
         n = len(tokens) if tokens else self.tokens(request, state)
-        costs = [self.cost.price(e, n, self.known(request, state, e)) for e in candidates]
-        best = RoutingCost.cheapest(costs).engine
+        held = {e.name: self.known(request, state, e) for e in candidates}
+        priced = self.priced(request, state, held, candidates)
+        costs = [self.cost.price(e, n, priced[e.name]) for e in candidates]
+        best = self.cost.cheapest(costs).engine
         if view.home is None:
             await service.registry.claim_home(view, best.name)
             if view.home == best.name:
@@ -176,6 +176,19 @@ class WorkflowPlacementScorer(Scorer):
         """Whether the KV index knows `name`'s blocks (its events told their size)."""
         engine = self.pool.get(name)
         return engine is not None and self.matcher.block_size(engine) is not None
+
+    def priced(
+        self,
+        request: RoutingRequest,
+        state: CycleState,
+        held: dict[str, CachedPrompt],
+        candidates: list[Engine],
+    ) -> dict[str, CachedPrompt]:
+        """What each candidate is priced as holding: `held`, with a widely shared prefix
+        priced at this request's share of copying it (`RoutingCost.with_copies`)."""
+        holder = max(candidates, key=lambda e: held[e.name].tokens)
+        matcher = self.matcher if self.has_events(holder.name) else self.memory
+        return matcher.priced(self.cost, request, state, held, holder)
 
     def known(self, request: RoutingRequest, state: CycleState, engine: Engine) -> CachedPrompt:
         """What this router knows the engine holds of the prompt: its KV events, or, for an
@@ -227,14 +240,15 @@ class WorkflowPlacementScorer(Scorer):
         n = self.tokens(request, state)
         held = self.expected(request, state, view, candidates)
         state[HELD_KEY] = held
-        costs = [self.cost.price(e, n, held[e.name]) for e in candidates]
+        priced = self.priced(request, state, held, candidates)
+        costs = [self.cost.price(e, n, priced[e.name]) for e in candidates]
         # among equal costs (nothing known of what the engines hold), a subagent's parent's
         # engine, then the workflow's homes: so every replica sends its requests where the
         # others did
         parent: Seen | None = state.get(PARENT_KEY)
         prefer = [parent.engine] if parent is not None else []
         prefer += view.engines if view is not None else []
-        chosen = RoutingCost.cheapest(costs, prefer)
+        chosen = self.cost.cheapest(costs, prefer)
         state[PRICES_KEY] = costs
         name = chosen.engine.name
         if view is None and parent is not None and name == parent.engine:

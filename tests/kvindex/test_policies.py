@@ -97,7 +97,9 @@ async def test_kv_trades_a_short_match_for_a_shorter_queue() -> None:
     assert decision.engine is pool.engines[1] and decision.reason == "kv_ttft_tradeoff"
 
 
-async def test_equal_costs_go_to_the_longer_match_then_the_emptier_engine() -> None:
+async def test_equal_costs_go_to_the_emptier_engine_then_the_longer_match() -> None:
+    """With no prefill cost a cached prefix saves nothing: every cost is equal, and the
+    decision is plain load balancing; among engines equally empty, the one holding more."""
     pool, policy, svc = make(3, "kv", predictor=TtftPredictor(prefill_s_per_token=0.0))
     tokens = BuiltinTokenizer().encode(PROMPT)
     for e in pool.engines:
@@ -109,7 +111,7 @@ async def test_equal_costs_go_to_the_longer_match_then_the_emptier_engine() -> N
     first, _ = await route(policy, pool, request(fresh, rid="b"))
     assert first.engine.name == "127.0.0.1:8100"  # 8102 holds live blocks now
     second, _ = await route(policy, pool, request(fresh + " other", rid="c"))
-    assert second.engine.name == "127.0.0.1:8100"  # ties go to the longer match first
+    assert second.engine.name == "127.0.0.1:8101"  # the only engine with no live blocks
 
 
 async def test_a_busy_holder_keeps_its_prefix_until_its_queue_costs_more_than_a_recompute() -> None:
@@ -383,7 +385,7 @@ def test_a_shared_system_prompt_does_not_keep_new_sessions_off_the_engines_lacki
     prices = [
         cost.price(e, 10_000, CachedPrompt(gpu_tokens=1000 if e is holder else 0)) for e in engines
     ]
-    assert RoutingCost.cheapest(prices).engine is not holder
+    assert cost.cheapest(prices).engine is not holder
 
 
 def test_the_backlog_drains_at_the_engines_prefill_rate_until_the_first_token() -> None:
@@ -481,7 +483,34 @@ def test_an_engine_whose_first_ttfts_were_slow_is_predicted_near_the_fleet() -> 
     for _ in range(200):  # b really is slower: its own measurements win over time
         predictor.observe("b", queue_depth=0, uncached_tokens=5000, ttft_s=0.51)
         predictor.observe("b", queue_depth=0, uncached_tokens=1000, ttft_s=0.11)
+        predictor.observe("a", queue_depth=0, uncached_tokens=5000, ttft_s=0.11)
     assert predictor.prefill_cost("b") > 2 * predictor.prefill_cost("a")
+
+
+def test_an_engine_the_router_stopped_using_drifts_back_to_the_fleets_prediction() -> None:
+    """Engines of one kind: "b" measured slow a few times (its prefills met bursts) and got
+    no request since. Its own fit ages with every TTFT the fleet measures after it, so it is
+    predicted as the others again, instead of staying idle on stale evidence."""
+    predictor = TtftPredictor()
+    for _ in range(30):
+        predictor.observe("a", queue_depth=0, uncached_tokens=5000, ttft_s=0.11)
+        predictor.observe("b", queue_depth=0, uncached_tokens=5000, ttft_s=0.31)
+    stale = predictor.prefill_cost("b")
+    assert stale > 1.5 * predictor.prefill_cost("a")  # freshly measured, b is slower
+    for _ in range(150):  # only "a" serves from now on
+        predictor.observe("a", queue_depth=0, uncached_tokens=5000, ttft_s=0.11)
+        predictor.observe("a", queue_depth=0, uncached_tokens=1000, ttft_s=0.03)
+    assert predictor.prefill_cost("b") < 1.2 * predictor.prefill_cost("a") < stale
+
+
+def test_the_prediction_error_is_what_the_measured_ttfts_missed_by() -> None:
+    predictor = TtftPredictor()
+    assert predictor.error_s() == 0.0  # nothing measured: costs are compared exactly
+    for i in range(400):  # 2e-5 s a token, and every TTFT 5 ms off one way or the other
+        jitter = 0.005 if i % 2 else -0.005
+        predictor.observe("a", queue_depth=0, uncached_tokens=5000, ttft_s=0.11 + jitter)
+        predictor.observe("a", queue_depth=0, uncached_tokens=1000, ttft_s=0.03 + jitter)
+    assert 0.004 < predictor.error_s() < 0.008
 
 
 def test_the_cache_size_an_engine_reports_prices_evictions_before_it_ever_evicts() -> None:

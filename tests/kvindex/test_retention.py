@@ -154,14 +154,14 @@ def test_a_shared_prompt_on_an_engine_that_loses_its_sessions_is_copied_elsewher
         cost.price(e, 1400, CachedPrompt(gpu_tokens=1000 if e is holder else 0))
         for e in (holder, other)
     ]
-    assert RoutingCost.cheapest(prices).engine is other
+    assert cost.cheapest(prices).engine is other
     fresh = Retention(clock=lambda: 0.0)  # without the returns' evidence it would stay
     cost.retention = fresh
     prices = [
         cost.price(e, 1400, CachedPrompt(gpu_tokens=1000 if e is holder else 0))
         for e in (holder, other)
     ]
-    assert RoutingCost.cheapest(prices).engine is holder
+    assert cost.cheapest(prices).engine is holder
 
 
 def test_a_request_routed_twice_is_observed_once_and_placed_where_it_went_last() -> None:
