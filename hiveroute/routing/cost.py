@@ -48,12 +48,15 @@ unknown and that never had to evict still has room, and writing to it evicts not
 kept and how often contexts return are measured, not modelled (`Retention`: the share of a
 returning prompt's blocks its engine still held, and returns per new context, lately). (Eviction
 is least-recently-used; taking an evicted block to be live with the live share's probability,
-as random eviction would, prices a cache filling up before it is full, not only at the edge.) Costs that differ by less than the TTFT predictor's recent error (the root mean square of
-measured minus predicted TTFT) are equal: the sum cannot tell them apart, so no engine is clearly
-better, and the decision among them is plain load balancing: the caller's preference (a
-workflow's homes) first, then the engine with the fewest live blocks, the fewest requests in
-flight, and the most of the prompt cached. An idle fleet fills evenly, and a prediction's noise
-(a few milliseconds between engines of one kind) cannot send every new context to one engine.
+as random eviction would, prices a cache filling up before it is full, not only at the edge.)
+
+Costs within the TTFT predictor's recent relative error of the least (the root mean square of
+|measured - predicted| / the larger of the two, `TtftPredictor.relative_error`) are equal: the
+sum cannot tell them apart, so no engine is clearly better, and the decision among them is
+plain load balancing: the caller's preference (a workflow's homes) first, then the engine with
+the fewest live blocks, the fewest requests in flight, and the most of the prompt cached. An
+idle fleet fills evenly, and a prediction's noise (a millisecond or two between engines of one
+kind) cannot send every new context to one engine.
 """
 
 from __future__ import annotations
@@ -206,11 +209,12 @@ class RoutingCost:
         return priced
 
     def cheapest(self, costs: Sequence[EngineCost], prefer: Sequence[str] = ()) -> EngineCost:
-        """The least costly engine. Costs closer to the least than the TTFT predictor's recent
-        error are equal (no clear benefit): among them the engines named in `prefer`, in its
+        """The least costly engine. Costs within the TTFT predictor's recent relative error of
+        the least are equal (no clear benefit): among them the engines named in `prefer`, in its
         order, then the emptiest (`EngineCost.rank`)."""
         least = min(c.total_s for c in costs)
-        equal = [c for c in costs if c.total_s <= least + self.ledger.predictor.error_s()]
+        bound = least * (1.0 + self.ledger.predictor.relative_error())
+        equal = [c for c in costs if c.total_s <= bound]
         order = {name: i for i, name in enumerate(prefer)}
         return min(equal, key=lambda c: c.rank(order.get(c.engine.name, len(order))))
 

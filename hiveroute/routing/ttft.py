@@ -77,7 +77,8 @@ class TtftPredictor:
         self.forgetting = forgetting
         self._models: dict[str, _EngineModel] = {}
         self._tick = 0  # TTFTs measured across the fleet
-        # squared errors of the predictions those TTFTs were measured against, with forgetting
+        # squared relative errors of the predictions those TTFTs were measured against (each
+        # |measured - predicted| / the larger of the two), with forgetting
         self._squared_error = 0.0
         self._error_weight = 0.0
         self._fleet_theta: np.ndarray | None = None  # mean of the measured engines' fits
@@ -132,9 +133,11 @@ class TtftPredictor:
         """Seconds each request ahead in the queue adds."""
         return float(self._theta(engine)[1])
 
-    def error_s(self) -> float:
-        """How far off the predictions were lately: the root mean square of measured minus
-        predicted TTFT (0 before any measurement)."""
+    def relative_error(self) -> float:
+        """How far off the predictions were lately, as a share of the TTFT: the root mean
+        square of |measured - predicted| / the larger of the two (0 until a prediction from
+        measurements was measured; below 1). TTFTs vary in proportion to their size (a long
+        prefill meets more of the others' work), so the error is relative."""
         if not self._error_weight:
             return 0.0
         return float(np.sqrt(self._squared_error / self._error_weight))
@@ -174,15 +177,17 @@ class TtftPredictor:
         """Fold one measured TTFT into the engine's model (one RLS step)."""
         if not (0.0 < ttft_s < 3600.0) or uncached_tokens < 0:
             return
-        predicted = self.predict(
-            engine,
-            queue_depth=queue_depth,
-            uncached_tokens=uncached_tokens,
-            lower_tier_tokens=lower_tier_tokens,
-        )
         lam = self.forgetting
-        self._squared_error = lam * self._squared_error + (ttft_s - predicted) ** 2
-        self._error_weight = lam * self._error_weight + 1.0
+        if self._fleet_theta is not None:  # a prediction from the defaults says nothing
+            predicted = self.predict(
+                engine,
+                queue_depth=queue_depth,
+                uncached_tokens=uncached_tokens,
+                lower_tier_tokens=lower_tier_tokens,
+            )
+            relative = (ttft_s - predicted) / max(ttft_s, predicted)
+            self._squared_error = lam * self._squared_error + relative**2
+            self._error_weight = lam * self._error_weight + 1.0
         model = self._model(engine)
         if model.observations == 0 and self._fleet_theta is not None:
             model.theta = self._fleet_theta.copy()  # start from what the fleet taught
