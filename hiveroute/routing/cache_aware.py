@@ -212,20 +212,16 @@ class KvTtftScorer(_CacheScorer):
         self,
         index: KvIndex,
         tokenizer: Tokenizer,
-        ledger: TtftLedger | None = None,
-        live: LiveSet | None = None,
-        retention: Retention | None = None,
+        cost: RoutingCost | None = None,
         *,
         speculate: bool = True,
     ) -> None:
+        """`cost`: the router's one cost model over `index` (a fresh one alone, for a test)."""
         super().__init__(PrefixMatcher(index, tokenizer))
-        self.ledger = TtftLedger() if ledger is None else ledger
-        self.cost = RoutingCost(
-            self.ledger,
-            LiveSet() if live is None else live,
-            index,
-            Retention() if retention is None else retention,
-        )
+        if cost is None:
+            cost = RoutingCost(TtftLedger(), LiveSet(), index, Retention())
+        self.cost = cost
+        self.ledger = cost.ledger
         self.speculative = speculate
 
     def cached(self, request: RoutingRequest, engine: Engine, state: CycleState) -> CachedPrompt:

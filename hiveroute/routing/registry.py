@@ -49,9 +49,8 @@ PluginFactory = Callable[..., Plugin]  # (ctx: PluginContext, **params) -> Plugi
 
 def _kv_ttft(ctx: PluginContext, drain_backlog: bool = True, **kw: Any) -> Plugin:
     ledger = ctx.costs.ledger(drain_backlog=drain_backlog)
-    return KvTtftScorer(
-        ctx.kv_index, ctx.tokenizer, ledger, ctx.costs.live, ctx.costs.retention, **kw
-    )
+    cost = ctx.costs.routing_cost(ctx.kv_index, ledger)
+    return KvTtftScorer(ctx.kv_index, ctx.tokenizer, cost, **kw)
 
 
 BUILTIN_PLUGINS: dict[str, PluginFactory] = {
