@@ -7,17 +7,19 @@ One model per engine, fitted by recursive least squares (with forgetting, so a s
 a changed load shows up within tens of requests), and predicted through the fleet's: engines
 behind one router usually serve one model on one kind of hardware, so an engine's prediction is
 its own fit and the fleet's mean fit weighted by how much each has measured (the fleet counts as
-ten observations, the engine as its own, up to one forgetting window). An
-engine not measured yet is predicted as the fleet; only before any measurement do the defaults
-below apply. An engine's own measurements also age with every TTFT the fleet measures after
-them: one the router stopped sending requests to drifts back to the fleet's prediction, so a
-few unlucky measurements (a prefill that met a burst) cannot keep an engine of the same
-hardware idle for good. Without that, an engine that got no request early kept the defaults, which are
-slower than most real engines, and one whose first two TTFTs were slow (a cold start) kept
-those: either way the router never sent it another request and starved it for good, since it
-only learns from what it routes. Blocks on a lower
-tier (CPU offload, LMCache) are cached but must be loaded back: they cost a fraction of a
-recompute. The `kv` policy uses this object; the `workflow` policy reuses it.
+ten observations, the engine as its own, up to one forgetting window). An engine not measured
+yet is predicted as the fleet; only before any measurement do the defaults below apply.
+
+An engine's own measurements also age with every TTFT the fleet measures after them: one the
+router stopped sending requests to drifts back to the fleet's prediction, so a few unlucky
+measurements (a prefill that met a burst) cannot keep an engine of the same hardware idle for
+good. Without the fleet's fit and this aging, an engine that got no request early kept the
+defaults, which are slower than most real engines, and one whose first two TTFTs were slow (a
+cold start) kept those: either way the router never sent it another request and starved it,
+since it only learns from what it routes.
+
+Blocks on a lower tier (CPU offload, LMCache) are cached but must be loaded back: they cost a
+fraction of a recompute. The `kv` policy uses this object; the `workflow` policy reuses it.
 """
 
 from __future__ import annotations

@@ -19,9 +19,10 @@ rule. Subagents, with or without a workflow: a request that names a parent seen 
 parent's engine to hold what its prompt shares with the parent's last prompt (a fan-out that
 starts from the parent's context reuses it there) where the engine sends no KV events (where it
 does, the index says what is still there: a conversation's history may have been evicted
-between its turns), and that engine comes first among equal costs; it still goes elsewhere when the predicted cost says so. The hand-off from the parent's
-end to the subagent's start is measured (hiveroute_handoff_latency_seconds). Requests without
-a workflow or a parent are priced like any other.
+between its turns), and that engine comes first among equal costs; it still goes elsewhere
+when the predicted cost says so. The hand-off from the parent's end to the subagent's start is
+measured (hiveroute_handoff_latency_seconds). Requests without a workflow or a parent are
+priced like any other.
 
 Reasons (CycleState["reason"]): workflow_new_home, workflow_home, workflow_spill (to an
 existing secondary home), workflow_new_spill (a new secondary home), workflow_none (no
