@@ -151,8 +151,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summarize(store: CellStore, results: Path) -> Path:
-    order = {c.name: i for i, c in enumerate(all_cells())}
-    cells = sorted(store.all(), key=lambda c: order.get(c["cell"], len(order)))
+    grid = all_cells()
+    order = {c.name: i for i, c in enumerate(grid)}
+    # whether a cell fits is the grid's definition now, not what it was when the cell ran
+    fits = {c.name: c.fits for c in grid}
+    cells = sorted(
+        ({**c, "fits": fits.get(c["cell"], c.get("fits", False))} for c in store.all()),
+        key=lambda c: order.get(c["cell"], len(order)),
+    )
     commits = sorted({r["commit"] for c in cells for r in c["runs"].values() if r.get("commit")})
     header = (
         f"{len(cells)} cells with results, {sum(len(c['runs']) for c in cells)} runs "

@@ -60,7 +60,23 @@ def test_multiturn_working_set_is_the_asked_share_of_the_fleets_cache() -> None:
         fleet = grid.ENGINES * cell.blocks * grid.BLOCK_SIZE
         assert distinct / fleet == pytest.approx(p["working_set"], rel=0.01)
         assert p["active_users"] == grid.ENGINES * p["sessions_per_engine"]
-        assert cell.fits == (p["working_set"] < 1)
+        # fits: the shared prompt once per engine, each session's own part once
+        copies = p["conversation_tokens"] * (
+            p["system_share"] * grid.ENGINES + p["active_users"] * (1 - p["system_share"])
+        )
+        assert cell.fits == (copies <= fleet)
+        if p["working_set"] >= 1:
+            assert not cell.fits
+
+
+def test_a_shared_prompt_too_large_to_copy_to_every_engine_does_not_fit() -> None:
+    by_name = {c.name: c for c in CELLS}
+    # 0.9 of the fleet counted with its 25,600-token system prompt once, but every engine
+    # serving two sessions needs that prompt beside their 51,200 own tokens: 76,800 > 64,000
+    assert by_name["mt-s50-w090-u2"].params["working_set"] < 1
+    assert not by_name["mt-s50-w090-u2"].fits
+    assert by_name["mt-s50-w050-u32"].fits and by_name["mt-s10-w090-u32"].fits
+    assert by_name["mt-issue22"].fits
 
 
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.name)
