@@ -31,6 +31,11 @@ EncodeWithOffsets = Callable[[str, bool], tuple[list[int], list[int]]]
 SplitRule = Callable[[str, int], bool]
 
 MIN_CACHED_CHARS = 2048  # shorter texts are cheap to encode whole
+# The cache should hold an encoding for every context that will come back (a session's next
+# turn, an agent's next step): at 64 entries, 128 chat sessions each found theirs evicted and
+# were tokenized whole every turn. The bounds are memory: about 20-40 bytes a token held.
+MAX_ENTRIES = 1024
+MAX_TOKENS = 2_000_000
 _PROBE = 256  # characters that pick candidate entries (a prefix shorter than this is no win)
 _MAX_BACKOFF_TOKENS = 256
 
@@ -130,31 +135,48 @@ class PrefixEncodeCache:
         self,
         encode: EncodeWithOffsets,
         *,
-        max_entries: int = 64,
+        max_entries: int = MAX_ENTRIES,
+        max_tokens: int = MAX_TOKENS,
         safe_split: SplitRule = byte_level_split,
     ) -> None:
+        if max_entries <= 0 or max_tokens <= 0:
+            raise ValueError("max_entries and max_tokens must be positive")
         self._encode = encode
         self._safe_split = safe_split
         self.max_entries = max_entries
-        # first characters -> that family's entries, oldest first
-        self._entries: dict[tuple[bool, str], list[_Entry]] = {}
+        self.max_tokens = max_tokens
+        # first characters -> that family's entries by identity, oldest first
+        self._entries: dict[tuple[bool, str], dict[int, _Entry]] = {}
         # every entry, least recently stored first (keyed by identity; the entry keeps it alive)
         self._order: OrderedDict[int, tuple[tuple[bool, str], _Entry]] = OrderedDict()
+        self._tokens = 0  # token ids held by all entries
         self.hits = 0
         self.reused_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @property
+    def tokens(self) -> int:
+        """Token ids the cache holds, over all its entries."""
+        return self._tokens
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         if len(text) < MIN_CACHED_CHARS:
             return self._encode(text, add_special_tokens)[0]
         probe = (add_special_tokens, text[:_PROBE])
-        candidates = self._entries.get(probe, [])
+        candidates = self._entries.get(probe, {})
         best: _Entry | None = None
         best_common = 0
-        for entry in reversed(candidates):  # newest first: it usually shares the most
-            # only an entry that shares one character more than the best so far can beat it
-            # (one comparison, not a binary search, for each of a workflow's many entries)
-            if best is not None and not _shares(entry.text, text, best_common + 1):
-                continue
+        for entry in reversed(candidates.values()):  # newest first: it usually shares the most
+            if best is not None:
+                if best_common >= len(text):
+                    break  # the text is all shared: nothing can beat it
+                # only an entry that also shares the next character can beat the best so far:
+                # one comparison, no copy, for each of the many sessions sharing a prompt
+                entry_text = entry.text
+                if len(entry_text) <= best_common or entry_text[best_common] != text[best_common]:
+                    continue
             common = _common_prefix(entry.text, text)
             if common > best_common:
                 best, best_common = entry, common
@@ -186,28 +208,27 @@ class PrefixEncodeCache:
         return ids
 
     def _store(self, probe: tuple[bool, str], entry: _Entry, superseded: _Entry | None) -> None:
-        """Keep `entry`; past `max_entries`, forget the least recently stored entry, whichever
-        family of prompts (first characters) it belongs to. (Taking the oldest entry of the
+        """Keep `entry`; past `max_entries` or `max_tokens`, forget the least recently stored
+        entries (the newest stays, however long), whichever family of prompts (first characters) it belongs to. (Taking the oldest entry of the
         least recently used family instead emptied families that were in use: eight
         workflows' agents, interleaved, each lost their context's encoding every few requests
         and were tokenized whole.)"""
-        bucket = self._entries.setdefault(probe, [])
-        if superseded is not None and superseded in bucket:
-            bucket.remove(superseded)  # the new text extends it: keep the longer one
-            del self._order[id(superseded)]
-        bucket.append(entry)
+        bucket = self._entries.setdefault(probe, {})
+        if superseded is not None and bucket.pop(id(superseded), None) is not None:
+            del self._order[id(superseded)]  # the new text extends it: keep the longer one
+            self._tokens -= len(superseded.ids)
+        bucket[id(entry)] = entry
         self._order[id(entry)] = (probe, entry)
-        while len(self._order) > self.max_entries:
+        self._tokens += len(entry.ids)
+        while len(self._order) > 1 and (
+            len(self._order) > self.max_entries or self._tokens > self.max_tokens
+        ):
             _, (oldest_probe, oldest) = self._order.popitem(last=False)
             family = self._entries[oldest_probe]
-            family.remove(oldest)
+            del family[id(oldest)]
+            self._tokens -= len(oldest.ids)
             if not family:
                 del self._entries[oldest_probe]
-
-
-def _shares(a: str, b: str, n: int) -> bool:
-    """Whether a and b have the same first n characters."""
-    return len(a) >= n and len(b) >= n and b.startswith(a[:n])
 
 
 def _common_prefix(a: str, b: str) -> int:

@@ -15,6 +15,7 @@ from hiveroute.kvindex.blocks import block_keys
 from hiveroute.kvindex.prefix_cache import (
     _common_prefix,
     prefix_block_keys,
+    reused_tokens,
     tokenizer_supports_prefix_reuse,
 )
 from hiveroute.kvindex.tokenizer import BuiltinTokenizer, HFTokenizer, prompt_token_ids
@@ -137,3 +138,42 @@ def test_an_evicted_encoding_is_freed_though_later_ids_reused_it() -> None:
         assert freed() is None
     finally:
         gc.enable()
+
+
+def test_each_of_many_sessions_sharing_a_prompt_reuses_its_own_history() -> None:
+    """128 chat sessions share a system prompt and take turns. Each turn extends the session's
+    own previous prompt, so it must reuse that encoding whole (up to the back-off at the end),
+    not only the system prompt some other session's entry also has. At 64 entries every
+    session's encoding was gone by its next turn."""
+    rng = random.Random(5)
+    words = [f"w{i}" for i in range(300)]
+    system = " ".join(rng.choice(words) for _ in range(600))
+    tok = BuiltinTokenizer()
+    histories = {s: f"{system}\nsession {s}: " + " ".join(rng.choice(words) for _ in range(200))
+                 for s in range(128)}  # fmt: skip
+    previous = {s: len(tok.encode(histories[s])) for s in histories}
+    for _ in range(2):
+        for s, history in histories.items():
+            history += " " + " ".join(rng.choice(words) for _ in range(20))
+            histories[s] = history
+            ids = tok.encode(history)
+            assert ids == tok.encode_uncached(history)
+            assert reused_tokens(ids) >= previous[s] - 2  # all but the last piece or two
+            previous[s] = len(ids)
+    assert len(tok.prefix_cache) == 128  # each turn superseded the session's last
+
+
+def test_the_cache_holds_at_most_its_token_budget_and_always_the_newest() -> None:
+    tok = BuiltinTokenizer()
+    cache = tok.prefix_cache
+    cache.max_tokens = 5000
+    texts = [f"text {i}: " + " ".join(f"w{i}x{j}" for j in range(1000)) for i in range(6)]
+    for text in texts:
+        tok.encode(text)
+        assert cache.tokens <= cache.max_tokens
+    assert cache.tokens > 0 and len(cache) < len(texts)
+    huge = "huge: " + " ".join(f"h{j}" for j in range(4000))  # alone over the budget
+    tok.encode(huge)
+    assert len(cache) == 1 and cache.tokens == len(tok.encode_uncached(huge))
+    # the survivor is the newest: encoding it again reuses it
+    assert reused_tokens(tok.encode(huge + " more")) > 0
