@@ -260,7 +260,7 @@ class KvEventSubscriber:
         for event in batch.events:
             self.index.apply(self.engine, event)
         self.stats.batches += 1
-        self.stats.events += len(batch.events)
+        self.stats.events += batch.count
         self.stats.last_seq = batch.seq
         self.stats.lag_s = max(0.0, time.time() - batch.ts)
         self._expected = batch.seq + 1

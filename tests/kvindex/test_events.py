@@ -109,3 +109,54 @@ def test_cache_salt_is_read_from_the_first_blocks_extra_keys() -> None:
 def test_malformed_messages_raise_a_decode_error(frames: list[bytes]) -> None:
     with pytest.raises(EventDecodeError):
         decode_message(frames)
+
+
+def test_fields_of_other_types_are_checked_one_by_one_as_before() -> None:
+    """Lists of plain ints (and bytes hashes) pass in one C-level type check; anything else
+    takes the element-by-element path: token ids are coerced, a boolean hash is refused."""
+    mixed = decode_message(
+        encode_message(0, [_dict_stored(token_ids=[1, 2.0, True, 4, 5, 6, 7, 8])])
+    ).events[0]
+    assert isinstance(mixed, BlockStored)
+    assert mixed.token_ids == [1, 2, 1, 4, 5, 6, 7, 8]
+    assert all(type(t) is int for t in mixed.token_ids)
+    plain = decode_message(encode_message(0, [_dict_stored(block_hashes=[11, b"\x02"])])).events[0]
+    assert isinstance(plain, BlockStored) and plain.block_hashes == [11, b"\x02"]
+    with pytest.raises(EventDecodeError):
+        decode_message(encode_message(0, [_dict_stored(block_hashes=[11, True])]))
+    with pytest.raises(EventDecodeError):
+        decode_message(encode_message(0, [["BlockRemoved", [1.5]]]))
+
+
+def test_consecutive_removals_of_one_medium_arrive_as_one_event_in_order() -> None:
+    def removed(h: int, medium: str = "GPU") -> dict[str, object]:
+        return {"type": "BlockRemoved", "block_hashes": [h], "medium": medium}
+
+    batch = decode_message(
+        encode_message(
+            3,
+            [
+                removed(1),
+                removed(2),
+                _dict_stored(block_hashes=[1, 9]),
+                removed(3),
+                ["BlockRemoved", [4]],  # the older encoding joins the run
+                removed(5, "CPU"),
+                removed(6, "CPU"),
+                {"type": "Future"},  # not counted, and does not break the run
+                removed(7, "CPU"),
+                {"type": "AllBlocksCleared"},
+                removed(8),
+            ],
+        )
+    )
+    assert batch.events == [
+        BlockRemoved([1, 2], "GPU"),
+        batch.events[1],
+        BlockRemoved([3, 4], "GPU"),
+        BlockRemoved([5, 6, 7], "CPU"),
+        AllBlocksCleared(),
+        BlockRemoved([8], "GPU"),
+    ]
+    assert isinstance(batch.events[1], BlockStored) and batch.events[1].block_hashes == [1, 9]
+    assert batch.count == 10

@@ -46,6 +46,11 @@ async def test_events_build_exactly_the_engines_blocks(ctx: zmq.asyncio.Context)
         await wait_until(lambda: sub.stats.last_seq == 2)
         assert index.engine_hashes("e1") == pub.truth == {2, 3, 4}
         assert sub.stats.gaps_replayed == sub.stats.gaps_dropped == 0
+        # one removal per block, as vLLM evicts: applied as one run, counted one by one
+        await pub.publish([removed([2]), removed([3]), stored([5], list(range(60, 64)))])
+        await wait_until(lambda: sub.stats.last_seq == 3)
+        assert index.engine_hashes("e1") == pub.truth == {4, 5}
+        assert sub.stats.events == 7
     finally:
         await sub.stop()
         await pub.close()
