@@ -210,21 +210,30 @@ class KvIndex:
         count = min(len(event.block_hashes), len(event.token_ids) // event.block_size)
         tokens = event.token_ids[: count * event.block_size]
         keys = block_keys(tokens, event.block_size, salt=event.cache_salt, parent=parent)
+        # one step per block of every prefill in the fleet: names bound once, _touch inlined
+        medium = event.medium
+        blocks, by_hash = self._blocks, state.by_hash
+        changed = False
         for engine_hash, key in zip(event.block_hashes, keys, strict=False):
-            entry = self._touch(key)
+            entry = blocks.get(key)
+            if entry is None:
+                entry = blocks[key] = _Block()
+            else:
+                blocks.move_to_end(key)
             tiers = entry.holders.get(engine)
             if tiers is None:
                 tiers = entry.holders[engine] = {}
-            elif event.medium not in tiers:
-                self._changed(engine)  # another tier now: a match's split changes
-            tiers[event.medium] = engine_hash
-            if entry.spec.pop(engine, None) is not None:
-                self._changed(engine)  # confirmed: no longer counted as speculative
-            state.by_hash[engine_hash] = key
-            if event.medium == GPU:
-                state.gpu_keys.add(key)
-        if event.medium == GPU:
-            state.most_held = max(state.most_held, len(state.by_hash))
+            elif medium not in tiers:
+                changed = True  # another tier now: a match's split changes
+            tiers[medium] = engine_hash
+            if entry.spec and entry.spec.pop(engine, None) is not None:
+                changed = True  # confirmed: no longer counted as speculative
+            by_hash[engine_hash] = key
+        if changed:
+            self._changed(engine)
+        if medium == GPU:
+            state.gpu_keys.update(keys[: len(event.block_hashes)])
+            state.most_held = max(state.most_held, len(by_hash))
         self._enforce_cap()
         return keys
 
@@ -237,22 +246,26 @@ class KvIndex:
         medium = medium or GPU
         self._changed(engine)
         self._lost(engine)
+        gpu = medium == GPU
+        blocks, by_hash, gpu_keys = self._blocks, state.by_hash, state.gpu_keys
         for engine_hash in hashes:
-            key = state.by_hash.get(engine_hash)
+            key = by_hash.get(engine_hash)
             if key is None:
                 continue
-            entry = self._blocks.get(key)
-            tiers = entry.holders.get(engine) if entry else None
-            if medium == GPU:
-                state.gpu_keys.discard(key)
-            if tiers is not None and entry is not None:
-                tiers.pop(medium, None)
-                if tiers:
-                    continue  # still held on another tier
-                del entry.holders[engine]
-                self._drop_if_empty(key, entry)
-            del state.by_hash[engine_hash]
-            if medium == GPU:
+            entry = blocks.get(key)
+            if gpu:
+                gpu_keys.discard(key)
+            if entry is not None:
+                tiers = entry.holders.get(engine)
+                if tiers is not None:
+                    tiers.pop(medium, None)
+                    if tiers:
+                        continue  # still held on another tier
+                    del entry.holders[engine]
+                    if not entry.holders and not entry.spec:
+                        del blocks[key]
+            del by_hash[engine_hash]
+            if gpu:
                 state.evicted = True
 
     def clear_engine(self, engine: str) -> None:
