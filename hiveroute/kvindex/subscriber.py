@@ -156,6 +156,10 @@ class KvEventSubscriber:
                     frames = await self._socket.recv_multipart()
                     await self.handle_frames(frames)
                     backoff = 0.1
+                    # A message already waiting is read without the loop running anything else
+                    # first: a backlog (an engine evicting under load) would hold up every
+                    # request the router is serving until it is applied. One turn each.
+                    await asyncio.sleep(0)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug or a broken socket must not end the subscription

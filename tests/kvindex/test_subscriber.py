@@ -1,6 +1,7 @@
 """The KV-event subscriber against a ZMQ publisher the test drives."""
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -154,5 +155,38 @@ async def test_garbage_is_counted_and_skipped(ctx: zmq.asyncio.Context) -> None:
         await wait_until(lambda: sub.stats.last_seq == 0)
         assert sub.stats.decode_errors == 2 and index.engine_hashes("e1") == {1}
     finally:
+        await sub.stop()
+        await pub.close()
+
+
+async def test_a_backlog_of_messages_leaves_room_for_other_tasks(ctx: zmq.asyncio.Context) -> None:
+    """Messages that are already waiting are read without the event loop running anything
+    else in between; an engine's burst of evictions must not hold up the requests the router
+    is serving, so the subscriber gives the loop a turn after each message."""
+    pub = FakePublisher(ctx)
+    index = KvIndex()
+    sub = await _subscribe(ctx, pub, index)
+    applied_at_tick: list[int] = []
+
+    async def tick() -> None:
+        while True:
+            applied_at_tick.append(sub.stats.batches)
+            await asyncio.sleep(0)
+
+    ticker = asyncio.get_running_loop().create_task(tick())
+    try:
+        ticker.cancel()  # stopped while the backlog builds: the messages queue in the socket
+        await asyncio.gather(ticker, return_exceptions=True)
+        before = sub.stats.batches
+        for i in range(40):
+            await pub.publish([stored([100 + i], list(range(4 * i, 4 * i + 4)))])
+        time.sleep(0.3)  # the loop does not run: all 40 arrive and wait in the socket
+        applied_at_tick.clear()
+        ticker = asyncio.get_running_loop().create_task(tick())
+        await wait_until(lambda: sub.stats.batches == before + 40)
+        during = {n for n in applied_at_tick if before < n < before + 40}
+        assert len(during) >= 20  # the ticker ran between most of the messages
+    finally:
+        ticker.cancel()
         await sub.stop()
         await pub.close()
