@@ -14,7 +14,7 @@ Engine block hashes are ints or bytes depending on the hash algorithm; both are 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,18 +98,20 @@ _HASH_TYPES = frozenset({int, bytes})
 _TOKEN_TYPES = frozenset({int})
 
 
+def _checked(
+    value: list[Any] | tuple[Any, ...], types: frozenset[type], each: Callable[[Any], Any]
+) -> list[Any]:
+    """`value` as a list: as it is when every element's type is in `types` (one C-level
+    pass), else each element through `each` (which converts or refuses it)."""
+    if types.issuperset(map(type, value)):
+        return value if type(value) is list else list(value)
+    return [each(v) for v in value]
+
+
 def _hashes(value: Any) -> list[EngineHash]:
     if not isinstance(value, (list, tuple)):
         raise EventDecodeError("block_hashes must be a list")
-    if _HASH_TYPES.issuperset(map(type, value)):
-        return value if type(value) is list else list(value)
-    return [_hash(v) for v in value]
-
-
-def _token_ids(value: list[Any] | tuple[Any, ...]) -> list[int]:
-    if _TOKEN_TYPES.issuperset(map(type, value)):
-        return value if type(value) is list else list(value)
-    return [int(t) for t in value]
+    return _checked(value, _HASH_TYPES, _hash)
 
 
 def _medium(value: Any) -> str:
@@ -127,7 +129,7 @@ def _stored(fields: dict[str, Any]) -> BlockStored:
     return BlockStored(
         block_hashes=_hashes(fields.get("block_hashes")),
         parent_block_hash=None if parent is None else _hash(parent),
-        token_ids=_token_ids(tokens),
+        token_ids=_checked(tokens, _TOKEN_TYPES, int),
         block_size=size,
         medium=_medium(fields.get("medium")),
         lora_name=lora if isinstance(lora, str) else None,

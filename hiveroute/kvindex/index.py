@@ -210,7 +210,8 @@ class KvIndex:
         count = min(len(event.block_hashes), len(event.token_ids) // event.block_size)
         tokens = event.token_ids[: count * event.block_size]
         keys = block_keys(tokens, event.block_size, salt=event.cache_salt, parent=parent)
-        # one step per block of every prefill in the fleet: names bound once, _touch inlined
+        # one step per block of every prefill in the fleet: names bound once; a block stored
+        # again moves to the LRU end
         medium = event.medium
         blocks, by_hash = self._blocks, state.by_hash
         changed = False
@@ -232,7 +233,7 @@ class KvIndex:
         if changed:
             self._changed(engine)
         if medium == GPU:
-            state.gpu_keys.update(keys[: len(event.block_hashes)])
+            state.gpu_keys.update(keys)  # one per stored hash: count <= len(block_hashes)
             state.most_held = max(state.most_held, len(by_hash))
         self._enforce_cap()
         return keys
@@ -510,14 +511,6 @@ class KvIndex:
         return {engine: set(tiers) for engine, tiers in entry.holders.items()}
 
     # --- internals ---------------------------------------------------------------------------
-
-    def _touch(self, key: BlockKey) -> _Block:
-        entry = self._blocks.get(key)
-        if entry is None:
-            entry = self._blocks[key] = _Block()
-        else:
-            self._blocks.move_to_end(key)
-        return entry
 
     def _drop_if_empty(self, key: BlockKey, entry: _Block) -> None:
         if not entry.holders and not entry.spec:

@@ -209,10 +209,10 @@ class PrefixEncodeCache:
 
     def _store(self, probe: tuple[bool, str], entry: _Entry, superseded: _Entry | None) -> None:
         """Keep `entry`; past `max_entries` or `max_tokens`, forget the least recently stored
-        entries (the newest stays, however long), whichever family of prompts (first characters) it belongs to. (Taking the oldest entry of the
-        least recently used family instead emptied families that were in use: eight
-        workflows' agents, interleaved, each lost their context's encoding every few requests
-        and were tokenized whole.)"""
+        entries (the newest stays, however long), whichever family of prompts (first
+        characters) they belong to. (Taking the oldest entry of the least recently used family
+        instead emptied families that were in use: eight workflows' agents, interleaved, each
+        lost their context's encoding every few requests and were tokenized whole.)"""
         bucket = self._entries.setdefault(probe, {})
         if superseded is not None and bucket.pop(id(superseded), None) is not None:
             del self._order[id(superseded)]  # the new text extends it: keep the longer one
