@@ -39,6 +39,19 @@ def chain_from_keys(keys: list[BlockKey]) -> list[BlockKey]:
     return keys[:MAX_CHAIN]
 
 
+def common_blocks(a: list[BlockKey], b: list[BlockKey]) -> int:
+    """How many leading blocks two chains share: a binary search, since a chained key equal at
+    position i means every block before it is equal too."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[mid - 1] == b[mid - 1]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
 def shared_tokens(a: list[BlockKey], b: list[BlockKey]) -> int:
     """Tokens of the prefix two chains share (whole blocks)."""
     n = 0

@@ -8,9 +8,12 @@ What a workflow adds is knowledge the KV events cannot have yet:
   workflow lives; engines it later spills to become secondary homes;
 - its registered shared context (`context_refs`) counts as cached on its homes from the moment
   it is placed there (pre-warmed, or in flight for a sibling), before any event confirms it;
-- what one of its engines is known to hold of a request, its other engines are expected to hold
-  too (they all served its shared prefix, though this replica may not have seen it go there),
-  except an agent's own history on its own engine;
+- its engines are expected to hold its shared prefix (the text all its prompts began with, as
+  learnt, or its registered context): they all served it, though this replica may not have seen
+  it go there. Nothing beyond that prefix is lent between its engines: what one agent built
+  past it (its own history) is where the KV index says, which may be where another replica
+  sent it (lending it to every engine of the workflow made them all look equal, and agents
+  left their history whenever their previous request had gone through the other replica);
 - among engines of equal cost (nothing known), its homes come first, so every replica sends the
   workflow where the others did.
 An agent returns to the engine holding its own history because the KV index says so, not by a
@@ -56,6 +59,7 @@ from hiveroute.workflows.parents import (
     Parents,
     Seen,
     chain_from_keys,
+    common_blocks,
     shared_tokens,
 )
 from hiveroute.workflows.registry import WorkflowView
@@ -71,7 +75,6 @@ HELD_KEY: StateKey[dict[str, CachedPrompt]] = StateKey("workflow_expected_held")
 PREDICTED_KEY: StateKey[dict[str, float]] = StateKey("workflow_predicted_ttft")
 # the request's parent (a subagent's), as this router last saw it placed
 PARENT_KEY: StateKey[Seen | None] = StateKey("workflow_parent")
-MAX_AGENT_ENGINES = 1024
 
 
 def prompt_chars(request: RoutingRequest) -> int:
@@ -141,6 +144,8 @@ class WorkflowPlacementScorer(Scorer):
         if view is None:
             return
         state[VIEW_KEY] = view
+        if tokens:
+            self.learn_shared_prefix(view, self._chain(request, state, tokens))
         pool = self.pool
         candidates = pool.candidates(request.model)
         if not candidates:
@@ -159,6 +164,24 @@ class WorkflowPlacementScorer(Scorer):
         else:  # the home left the pool: move it
             await service.registry.replace_home(view, view.home, best.name)
             state[REASON_KEY] = "workflow_home_moved"
+
+    @staticmethod
+    def learn_shared_prefix(view: WorkflowView, chain: list[BlockKey]) -> None:
+        """Shorten the workflow's shared prefix to what this prompt shares with it (the first
+        prompt seen is all of it): the part its engines all served."""
+        if view.shared_chain is None:
+            view.shared_chain = chain
+            return
+        n = common_blocks(view.shared_chain, chain)
+        if n < len(view.shared_chain):
+            view.shared_chain = view.shared_chain[:n]
+
+    def shared_prefix_tokens(self, view: WorkflowView) -> int:
+        """Tokens every prompt of the workflow began with: learnt from their block keys, or
+        estimated from the text they began with where prompts were not tokenized."""
+        if view.shared_chain is not None:
+            return len(view.shared_chain) * PARENT_BLOCK
+        return int(len(view.warm_text) / self.chars_per_token) if view.warm_text else 0
 
     # --- the decision ---------------------------------------------------------------------
 
@@ -206,11 +229,9 @@ class WorkflowPlacementScorer(Scorer):
         candidates: list[Engine],
     ) -> dict[str, CachedPrompt]:
         """What each engine is expected to hold of this prompt: what is known, and on the
-        workflow's engines at least (1) its registered shared context (pre-warmed, or in flight
-        for a sibling) and (2) what another of its engines is known to hold, since they all
-        served the workflow's shared prefix (this replica may not have seen it go there). The
-        agent's own engine does not lend what it holds: that is the agent's own history.
-        A subagent's parent's engine is expected to hold what its prompt shares with the
+        workflow's engines at least its shared prefix (its registered context, pre-warmed or
+        in flight for a sibling, or the text all its prompts began with), which they all served
+        though this replica may not have seen it go there. A subagent's parent's engine is expected to hold what its prompt shares with the
         parent's last one, unless that engine sends KV events: then its index says what it
         still holds (a conversation's history evicted between turns is not there)."""
         held = {e.name: self.known(request, state, e) for e in candidates}
@@ -225,13 +246,11 @@ class WorkflowPlacementScorer(Scorer):
                 )
         if view is None:
             return held
-        mine = view.agent_engines.get(request.metadata.agent_id or "")
-        ours = [name for name in view.engines if name in held]
-        lent = max((held[name].gpu_tokens for name in ours if name != mine), default=0)
-        warm = int(len(view.warm_text) / self.chars_per_token) if view.warm_text else 0
-        for name in ours:
-            found = held[name]
-            held[name] = CachedPrompt(max(found.gpu_tokens, lent, warm), found.lower_tokens)
+        warm = self.shared_prefix_tokens(view)
+        for name in view.engines:
+            known = held.get(name)
+            if known is not None:
+                held[name] = CachedPrompt(max(known.gpu_tokens, warm), known.lower_tokens)
         return held
 
     def score(
@@ -293,11 +312,6 @@ class WorkflowPlacementScorer(Scorer):
         if view is None and service is not None and parent is not None and parent.ended_at:
             # a workflow's hand-offs are measured by its registry; this request has none
             service.metrics.handoff.observe(max(0.0, time.time() - parent.ended_at))
-        agent = meta.agent_id
-        if view is not None and agent is not None:
-            view.agent_engines[agent] = engine.name
-            while len(view.agent_engines) > MAX_AGENT_ENGINES:
-                view.agent_engines.pop(next(iter(view.agent_engines)))
         if view is not None and service is not None and engine.name not in view.engines:
             view.secondaries.append(engine.name)  # visible to the next sibling at once
             service.spawn(service.registry.add_secondary(view, engine.name))

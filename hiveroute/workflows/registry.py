@@ -70,6 +70,8 @@ class WorkflowView:
     path: str | None = None  # the endpoint its requests use
     model: str | None = None
     warm_text: str | None = None  # the text its prompts start with (learned or its contexts)
+    # the block keys (PARENT_BLOCK tokens each) all its prompts routed here began with
+    shared_chain: list[int] | None = None
     shared_prefix: str | None = None  # the canonical shared-context prefix (layout)
     in_flight: dict[str, float] = field(default_factory=dict)  # request id -> monotonic start
 
@@ -83,7 +85,6 @@ class WorkflowView:
 
     last_used: dict[str, float] = field(default_factory=dict)  # engine -> monotonic seconds
     warmed_at: dict[str, float] = field(default_factory=dict)  # engine -> last keep-warm
-    agent_engines: dict[str, str] = field(default_factory=dict)  # agent -> its last engine
 
     @property
     def id(self) -> str:

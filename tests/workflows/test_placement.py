@@ -15,7 +15,7 @@ from hiveroute.kvindex.events import BlockStored
 from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, RequestOutcome, RoutingRequest
-from hiveroute.workflows.placement import PREDICTED_KEY
+from hiveroute.workflows.placement import PREDICTED_KEY, WorkflowPlacementScorer
 from hiveroute.workflows.service import WorkflowService
 
 SHARED = "shared context words. " * 400
@@ -160,6 +160,62 @@ async def test_an_agent_returns_to_its_own_engine_among_the_homes() -> None:
     for engine in router.pool.engines:
         engine.load.in_flight = 0
     assert await route(router, request("w", "planner", "r3", own=101)) == (home, "workflow_home")
+
+
+async def test_an_agent_returns_to_its_history_that_another_replica_placed() -> None:
+    """Its previous request went through another replica to an engine this one also uses for
+    the workflow. The KV index shows its history there; the workflow's other engines hold only
+    the shared prefix, so they must not be priced as holding the history too."""
+    from hiveroute.routing.request_tokens import TOKEN_IDS_KEY
+    from hiveroute.workflows.scope import scoped
+
+    router, service = make_router(n=3)
+    home, reason = await route(router, request("w", "planner", "r0"), done=True)
+    assert reason == "workflow_new_home"
+    other = next(e for e in router.pool.engines if e.name != home)
+    view = await service.registry.view(scoped(None, "w"))
+    assert view is not None
+    view.secondaries.append(other.name)  # the workflow spilled there through a replica
+    earlier = request("w", "executor-0", "elsewhere", own=600)
+    state = CycleState()
+    await router.policy.prepare(earlier, state)
+    tokens = state[TOKEN_IDS_KEY]
+    size = 16
+    count = len(tokens) // size
+    for engine in router.pool.engines:
+        engine.block_size = size  # every engine sends KV events
+    hashes = [hash(k) for k in block_keys(tokens, size)][:count]
+    # the other replica sent executor-0 to `other`; the planner's prefix is on the home
+    router.kv_index.apply(other.name, BlockStored(hashes, None, tokens[: count * size], size))
+    shared = len(SHARED) // 8 // size  # well inside the shared context
+    router.kv_index.apply(home, BlockStored(hashes[:shared], None, tokens[: shared * size], size))
+    assert await route(router, request("w", "executor-0", "r1", own=601)) == (
+        other.name,
+        "workflow_spill",
+    )
+
+
+async def test_a_workflows_shared_prefix_is_what_all_its_prompts_began_with() -> None:
+    from hiveroute.workflows.parents import PARENT_BLOCK
+    from hiveroute.workflows.scope import scoped
+
+    router, service = make_router(n=2)
+    scorer = next(
+        w.scorer for w in router.policy.scorers if isinstance(w.scorer, WorkflowPlacementScorer)
+    )
+    await route(router, request("ctx", "planner", "c0", own=50), done=True)
+    view = await service.registry.view(scoped(None, "ctx"))
+    assert view is not None
+    alone = scorer.shared_prefix_tokens(view)  # one prompt seen: all of it
+    await route(router, request("ctx", "executor", "c1", own=50), done=True)
+    shared = scorer.shared_prefix_tokens(view)
+    context = len(router.tokenizer.encode(SHARED, add_special_tokens=False))
+    assert context - PARENT_BLOCK <= shared <= context + PARENT_BLOCK < alone
+    # role first: the agents' prompts differ from their first words, nothing is shared
+    await route(router, request("role", "planner", "r0", context="planner. " + SHARED), done=True)
+    await route(router, request("role", "executor", "r1", context="executor. " + SHARED), done=True)
+    role_view = await service.registry.view(scoped(None, "role"))
+    assert role_view is not None and scorer.shared_prefix_tokens(role_view) < PARENT_BLOCK
 
 
 async def test_a_pending_prefill_counts_until_its_first_token() -> None:
