@@ -427,12 +427,35 @@ class WorkflowRegistry:
         parent_request_id: str | None,
         parent_agent_id: str | None = None,
     ) -> RequestRecord:
+        """`new_record`, then `record_start`: a request's start, recorded before returning."""
+        record = self.new_record(
+            view,
+            request_id=request_id,
+            agent_id=agent_id,
+            agent_role=agent_role,
+            stage=stage,
+            parent_request_id=parent_request_id,
+            parent_agent_id=parent_agent_id,
+        )
+        await self.record_start(view, record)
+        return record
+
+    def new_record(
+        self,
+        view: WorkflowView,
+        *,
+        request_id: str,
+        agent_id: str | None,
+        agent_role: str | None,
+        stage: str | None,
+        parent_request_id: str | None,
+        parent_agent_id: str | None = None,
+    ) -> RequestRecord:
+        """A request's record, started now. Nothing is written: routing reads none of it, so
+        `record_start` can run after the request is on its way."""
         now = self.clock()
-        wid = view.id
-        ttl = self._key_ttl(view.settings)
-        if agent_id is not None:
-            agent_id = await self._add_agent(view, agent_id, agent_role)
-        record = RequestRecord(
+        view.last_active_at = now
+        return RequestRecord(
             request_id=request_id,
             agent_id=agent_id,
             agent_role=agent_role,
@@ -441,11 +464,20 @@ class WorkflowRegistry:
             started_at=now,
             parent_agent_id=parent_agent_id,
         )
+
+    async def record_start(self, view: WorkflowView, record: RequestRecord) -> None:
+        """Write a started request to the store: its agent (past `max_agents`, the record
+        names OTHER_AGENT instead), the record, the hand-off into it, the workflow's stats."""
+        wid = view.id
+        ttl = self._key_ttl(view.settings)
+        if record.agent_id is not None:
+            record.agent_id = await self._add_agent(view, record.agent_id, record.agent_role)
         handoff = await self._handoff(wid, record)
         if handoff is not None and self.handoff_observer is not None:
             self.handoff_observer(handoff.latency_s)
         # Independent writes go out together (a shared store pipelines them): two round trips
-        # before routing instead of one per write.
+        # instead of one per write.
+        request_id = record.request_id
         stats_key = _k("stats", wid)
         writes = [
             self.store.hset(_k("req", wid), {request_id: dumps(record.to_json())}),
@@ -459,9 +491,9 @@ class WorkflowRegistry:
                 )
             )
         _, dropped, first_started, *_ = await all_of(self.store, *writes)
-        stats = {"last_active_at": repr(now)}
+        stats = {"last_active_at": repr(max(record.started_at, view.last_active_at))}
         if first_started is None:
-            stats["first_started_at"] = repr(now)
+            stats["first_started_at"] = repr(record.started_at)
         kinds = ["req", "order", "stats", "doc"] + (["handoffs"] if handoff is not None else [])
         await all_of(
             self.store,
@@ -469,8 +501,6 @@ class WorkflowRegistry:
             *([self.store.hdel(_k("req", wid), *dropped)] if dropped else []),
             *(self.store.expire(_k(kind, wid), ttl) for kind in kinds),
         )
-        view.last_active_at = now
-        return record
 
     async def _handoff(self, workflow_id: str, record: RequestRecord) -> Handoff | None:
         """The hand-off into this request: from its parent request, else its parent agent's
@@ -497,7 +527,8 @@ class WorkflowRegistry:
                     source = found
             else:
                 mine = last.get(me, {}).get("ended_at") or 0.0
-                others = [v for a, v in last.items() if a != me and v["ended_at"] > mine]
+                start = record.started_at  # ends after it (read later) handed nothing to it
+                others = [v for a, v in last.items() if a != me and mine < v["ended_at"] <= start]
                 if others:
                     source = max(others, key=lambda v: v["ended_at"])
         if source is None:

@@ -47,6 +47,7 @@ class _Pending:
     view: WorkflowView
     record: RequestRecord
     started_mono: float
+    recorded: asyncio.Task[None]  # its start's bookkeeping (`record_start`)
 
 
 class WorkflowMetrics:
@@ -149,10 +150,11 @@ class WorkflowService:
         self.accountant.forget(workflow_id)
         self.keep_warm.forget(workflow_id)
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._done)
+        return task
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -206,7 +208,8 @@ class WorkflowService:
             )
             request.body = {**request.body, "priority": level}
         self._learn_prefix(view, request, expansion.shared_prefix if expansion else None)
-        record = await self.registry.start_request(
+        # routing reads none of the start's bookkeeping: it is written while the request runs
+        record = self.registry.new_record(
             view,
             request_id=request.request_id,
             agent_id=meta.agent_id,
@@ -215,8 +218,9 @@ class WorkflowService:
             parent_request_id=meta.parent_request_id,
             parent_agent_id=meta.parent_agent_id or meta.parent_session_id,
         )
+        started = self.spawn(self.registry.record_start(view, record))
         now = time.monotonic()
-        self._pending[request.request_id] = _Pending(view, record, now)
+        self._pending[request.request_id] = _Pending(view, record, now, started)
         view.in_flight[request.request_id] = now
         # after_complete ends every request (refused ones too); this only bounds the map.
         stale = self.config.request_timeout_s + 60.0
@@ -260,6 +264,10 @@ class WorkflowService:
         self, request: RoutingRequest, outcome: RequestOutcome, pending: _Pending
     ) -> None:
         view, record = pending.view, pending.record
+        try:
+            await pending.recorded  # a start written after its end would undo the end
+        except Exception:
+            return  # the start's failure is logged (spawn); an end without a start is not kept
         engine = outcome.engine.name if outcome.engine is not None else None
         cross: int | None = None
         if outcome.ok and outcome.prompt_tokens is not None and engine is not None:
