@@ -207,29 +207,35 @@ def _from_string_map(
 # --- the session keys other tools send (README: "Session keys agents send") ----------------
 
 # Per tool, each field with the headers that carry it, first one found wins.
-DYNAMO_HEADERS = {
+HeaderCarrier = dict[str, tuple[str, ...]]
+DYNAMO_HEADERS: HeaderCarrier = {
     "session_id": ("X-Dynamo-Session-ID",),
     "parent_session_id": ("X-Dynamo-Parent-Session-ID",),
 }
-CLAUDE_CODE_HEADERS = {
+CLAUDE_CODE_HEADERS: HeaderCarrier = {
     "session_id": ("x-claude-code-session-id",),
     "agent_id": ("x-claude-code-agent-id",),
     "parent_agent_id": ("x-claude-code-parent-agent-id",),
 }
-CODEX_HEADERS = {
+CODEX_HEADERS: HeaderCarrier = {
     "session_id": ("session-id", "session_id"),
     "agent_id": ("thread-id",),
     "parent_agent_id": ("x-codex-parent-thread-id",),
     "agent_role": ("x-openai-subagent",),
 }
-OPENCODE_HEADERS = {
+OPENCODE_HEADERS: HeaderCarrier = {
     "session_id": ("x-session-affinity", "x-opencode-session"),
     "parent_session_id": ("x-parent-session-id",),
 }
-USER_HEADERS = {"session_id": ("x-user-id",)}
-AGENT_HEADER_CARRIERS = (
+USER_HEADERS: HeaderCarrier = {"session_id": ("x-user-id",)}
+AGENT_HEADER_CARRIERS: tuple[HeaderCarrier, ...] = (
     DYNAMO_HEADERS, CLAUDE_CODE_HEADERS, CODEX_HEADERS, OPENCODE_HEADERS, USER_HEADERS,
 )  # fmt: skip
+# each carrier's header names, lower-cased (header names are case-insensitive)
+_CARRIER_NAMES = tuple(
+    frozenset(name.lower() for names in carrier.values() for name in names)
+    for carrier in AGENT_HEADER_CARRIERS
+)
 
 # vllm-router's `vllm_xargs.agentic_context` keys per field (its aliases in its order).
 AGENTIC_CONTEXT_KEYS = {
@@ -332,7 +338,10 @@ def extract_metadata(
     otherwise). Raises BadRequest for wrong types and over-long values in any carrier.
     """
     carriers: list[dict[str, Any]] = [_from_body_object(body.get("hiveroute"))]
-    carriers.append(_from_string_map(headers, HEADER_CARRIER, "header"))
+    # a request has a few headers and there are dozens of known names: look up only those sent
+    present = {name.lower() for name in headers}
+    sent = {field: name for field, name in HEADER_CARRIER.items() if name.lower() in present}
+    carriers.append(_from_string_map(headers, sent, "header"))
     carriers.append(
         _from_string_map(parse_baggage(headers.get("baggage")), BAGGAGE_CARRIER, "baggage")
     )
@@ -342,7 +351,11 @@ def extract_metadata(
     context, clean = _agentic_context(body)
     if context is not None:
         carriers.append(_from_agentic_context(context))
-    carriers.extend(_from_headers(headers, carrier) for carrier in AGENT_HEADER_CARRIERS)
+    carriers.extend(
+        _from_headers(headers, carrier)
+        for carrier, names in zip(AGENT_HEADER_CARRIERS, _CARRIER_NAMES, strict=True)
+        if not names.isdisjoint(present)
+    )
     carriers.extend(_body_session_keys(body))
     merged: dict[str, Any] = {}
     for found in carriers:
