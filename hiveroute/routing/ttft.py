@@ -24,9 +24,9 @@ fraction of a recompute. The `kv` policy uses this object; the `workflow` policy
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-
-import numpy as np
 
 from hiveroute.routing.base import RequestOutcome, RoutingRequest
 
@@ -39,6 +39,11 @@ _TOKEN_SCALE = 1000.0  # features in thousands of tokens keep the fit well condi
 FLEET_PRIOR_OBSERVATIONS = 10.0  # what the fleet's fit weighs in an engine's prediction
 
 
+def _vector(values: Iterable[float]) -> Vector:
+    a, b, c = values
+    return (a, b, c)
+
+
 @dataclass(frozen=True)
 class TtftEstimate:
     total_s: float
@@ -46,13 +51,23 @@ class TtftEstimate:
     prefill_s: float
 
 
+# Three parameters (base, per request queued, per thousand tokens), kept as plain floats: the
+# fit is updated after every first token and read for every engine of every decision, and numpy
+# costs more per call on three numbers than the arithmetic does.
+Vector = tuple[float, float, float]
+Matrix = list[list[float]]
+
+
 class _EngineModel:
     __slots__ = ("last_tick", "observations", "p", "theta")
 
-    def __init__(self, prior: np.ndarray) -> None:
-        self.theta = prior.copy()
+    def __init__(self, prior: Vector) -> None:
+        self.theta: Vector = prior
         # prior variance: a few times each default, so a handful of observations move it
-        self.p = np.diag((np.maximum(prior, 1e-3) * 10.0) ** 2)
+        self.p: Matrix = [
+            [(max(prior[i], 1e-3) * 10.0) ** 2 if i == j else 0.0 for j in range(3)]
+            for i in range(3)
+        ]
         self.observations = 0
         self.last_tick = 0  # the fleet's observation count at this engine's latest
 
@@ -73,8 +88,8 @@ class TtftPredictor:
             raise ValueError("TTFT predictor defaults must not be negative")
         if not 0.5 < forgetting <= 1.0:
             raise ValueError("forgetting must be in (0.5, 1]")
-        self._prior = np.array([base_s, queue_s_per_request, prefill_s_per_token * _TOKEN_SCALE])
-        self._p0 = _EngineModel(self._prior).p
+        self._prior: Vector = (base_s, queue_s_per_request, prefill_s_per_token * _TOKEN_SCALE)
+        self._p0_trace = sum(_EngineModel(self._prior).p[i][i] for i in range(3))
         self.lower_tier_factor = lower_tier_factor
         self.forgetting = forgetting
         self._models: dict[str, _EngineModel] = {}
@@ -83,8 +98,8 @@ class TtftPredictor:
         # |measured - predicted| / the larger of the two), with forgetting
         self._squared_error = 0.0
         self._error_weight = 0.0
-        self._fleet_theta: np.ndarray | None = None  # mean of the measured engines' fits
-        self._effective: dict[str, np.ndarray] = {}  # engine -> its fit shrunk to the fleet's
+        self._fleet_theta: Vector | None = None  # mean of the measured engines' fits
+        self._effective: dict[str, Vector] = {}  # engine -> its fit shrunk to the fleet's
         # the observations a fit remembers: 1 / (1 - forgetting), e.g. 50 at 0.98
         self._window = 1.0 / (1.0 - forgetting) if forgetting < 1.0 else 1000.0
         # the fleet's fit counts as this many observations of an engine's own: after a few
@@ -104,7 +119,7 @@ class TtftPredictor:
         age = max(0, self._tick - model.last_tick - len(self._models))
         return float(min(model.observations, self._window)) * self.forgetting**age
 
-    def _theta(self, engine: str) -> np.ndarray:
+    def _theta(self, engine: str) -> Vector:
         """The model `engine` is predicted with: its fit, shrunk towards the fleet's."""
         found = self._effective.get(engine)
         if found is not None:
@@ -117,23 +132,34 @@ class TtftPredictor:
             self._fleet_theta = None
             self._effective = {}
             return
-        weights = np.array([self._weight(m) for m in measured])
-        fleet = np.average([m.theta for m in measured], axis=0, weights=weights)
+        weights = [self._weight(m) for m in measured]
+        total = sum(weights)
+        if total > 0:
+            fleet = _vector(
+                sum(w * m.theta[i] for w, m in zip(weights, measured, strict=True)) / total
+                for i in range(3)
+            )
+        else:  # every fit aged to nothing: their plain mean
+            fleet = _vector(sum(m.theta[i] for m in measured) / len(measured) for i in range(3))
         self._fleet_theta = fleet
-        self._effective = {
-            name: (self._weight(m) * m.theta + self._prior_weight * fleet)
-            / (self._weight(m) + self._prior_weight)
-            for name, m in self._models.items()
-            if m.observations > 0
-        }
+        prior_weight = self._prior_weight
+        effective: dict[str, Vector] = {}
+        for name, m in self._models.items():
+            if m.observations > 0:
+                w = self._weight(m)
+                effective[name] = _vector(
+                    (w * m.theta[i] + prior_weight * fleet[i]) / (w + prior_weight)
+                    for i in range(3)
+                )
+        self._effective = effective
 
     def prefill_cost(self, engine: str) -> float:
         """Seconds per uncached prompt token on `engine` as learned so far."""
-        return float(self._theta(engine)[2]) / _TOKEN_SCALE
+        return self._theta(engine)[2] / _TOKEN_SCALE
 
     def queue_cost(self, engine: str) -> float:
         """Seconds each request ahead in the queue adds."""
-        return float(self._theta(engine)[1])
+        return self._theta(engine)[1]
 
     def relative_error(self) -> float:
         """How far off the predictions were lately, as a share of the TTFT: the root mean
@@ -142,7 +168,7 @@ class TtftPredictor:
         prefill meets more of the others' work), so the error is relative."""
         if not self._error_weight:
             return 0.0
-        return float(np.sqrt(self._squared_error / self._error_weight))
+        return math.sqrt(self._squared_error / self._error_weight)
 
     def observations(self, engine: str) -> int:
         model = self._models.get(engine)
@@ -152,9 +178,9 @@ class TtftPredictor:
         self, engine: str, *, queue_depth: float, uncached_tokens: float, lower_tier_tokens: int = 0
     ) -> TtftEstimate:
         base, per_request, per_ktoken = self._theta(engine)
-        queue_s = float(base + per_request * max(0.0, queue_depth))
+        queue_s = base + per_request * max(0.0, queue_depth)
         tokens = uncached_tokens + lower_tier_tokens * self.lower_tier_factor
-        prefill_s = float(per_ktoken * tokens / _TOKEN_SCALE)
+        prefill_s = per_ktoken * tokens / _TOKEN_SCALE
         return TtftEstimate(queue_s + prefill_s, queue_s, prefill_s)
 
     def predict(
@@ -192,20 +218,29 @@ class TtftPredictor:
             self._error_weight = lam * self._error_weight + 1.0
         model = self._model(engine)
         if model.observations == 0 and self._fleet_theta is not None:
-            model.theta = self._fleet_theta.copy()  # start from what the fleet taught
+            model.theta = self._fleet_theta  # start from what the fleet taught
         tokens = uncached_tokens + lower_tier_tokens * self.lower_tier_factor
-        x = np.array([1.0, max(0.0, queue_depth), tokens / _TOKEN_SCALE])
-        px = model.p @ x
-        gain = px / (lam + x @ px)
-        model.theta = model.theta + gain * (ttft_s - x @ model.theta)
-        model.p = (model.p - np.outer(gain, px)) / lam
+        x = (1.0, max(0.0, queue_depth), tokens / _TOKEN_SCALE)
+        p, theta = model.p, model.theta
+        px = [p[i][0] * x[0] + p[i][1] * x[1] + p[i][2] * x[2] for i in range(3)]
+        denominator = lam + x[0] * px[0] + x[1] * px[1] + x[2] * px[2]
+        gain = [v / denominator for v in px]
+        residual = ttft_s - (x[0] * theta[0] + x[1] * theta[1] + x[2] * theta[2])
+        updated = [theta[i] + gain[i] * residual for i in range(3)]
+        p = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(3)] for i in range(3)]
         # forgetting inflates P along directions the data never excites (a queue always
         # empty): cap it so one odd observation cannot swing the model
-        cap = float(np.trace(self._p0)) * 10.0
-        if np.trace(model.p) > cap:
-            model.p *= cap / np.trace(model.p)
+        cap = self._p0_trace * 10.0
+        trace = p[0][0] + p[1][1] + p[2][2]
+        if trace > cap:
+            p = [[v * (cap / trace) for v in row] for row in p]
+        model.p = p
         # costs are physical: never negative, and the prefill cost never collapses to zero
-        model.theta = np.maximum(model.theta, [0.0, 0.0, 1e-9 * _TOKEN_SCALE])
+        model.theta = (
+            max(updated[0], 0.0),
+            max(updated[1], 0.0),
+            max(updated[2], 1e-9 * _TOKEN_SCALE),
+        )
         model.observations += 1
         self._tick += 1
         model.last_tick = self._tick
