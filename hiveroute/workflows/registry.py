@@ -17,7 +17,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -567,50 +567,54 @@ class WorkflowRegistry:
         record.prompt_tokens = prompt_tokens
         record.cached_tokens = cached_tokens
         record.cross_agent_cached_tokens = cross_agent_cached_tokens
-        if await self.store.hget(_k("req", wid), record.request_id) is not None:
-            await self.store.hset(_k("req", wid), {record.request_id: dumps(record.to_json())})
-        stats_key = _k("stats", wid)
+        # Two pipelined rounds (one round trip each to a shared store), not one per call: the
+        # counters and reads, then what depends on them.
+        req_key, stats_key = _k("req", wid), _k("stats", wid)
+        agent = record.agent_id
         increments = {
             "requests": 1,
             "prompt_tokens": prompt_tokens or 0,
             "cached_tokens": cached_tokens or 0,
             "cross_agent_cached_tokens": cross_agent_cached_tokens or 0,
         }
-        agent = record.agent_id
-        for name, amount in increments.items():
-            await self.store.hincrby(stats_key, name, amount)
-            if agent is not None:
-                await self.store.hincrby(stats_key, f"{name}|{agent}", amount)
+        fields = list(increments.items())
+        if agent is not None:
+            fields += [(f"{name}|{agent}", amount) for name, amount in increments.items()]
         service = max(0, (prompt_tokens or 0) - (cached_tokens or 0)) + (completion_tokens or 0)
-        total_service = await self.store.hincrbyfloat(stats_key, "service_tokens", service)
-        stats = await self.store.hgetall(stats_key)
+        first_round = [
+            self.store.hget(req_key, record.request_id),
+            self.store.hget(stats_key, "first_token_at"),
+            self.store.hget(stats_key, "first_started_at"),
+            self.store.hincrbyfloat(stats_key, "service_tokens", service),
+            *(self.store.hincrby(stats_key, name, amount) for name, amount in fields),
+        ]
+        if engine is not None:  # None: refused before any engine was chosen
+            first_round.append(self.store.hincrby(_k("engines", wid), engine, 1))
+        if agent is not None and status == "ok":
+            last = {"request_id": record.request_id, "agent_id": agent, "ended_at": now}
+            first_round.append(self.store.hset(_k("last", wid), {agent: dumps(last)}))
+        kept, first, first_started, total_service, *_ = await all_of(self.store, *first_round)
         updates = {"last_active_at": repr(now), "last_ended_at": repr(now)}
         if record.first_token_at is not None:
-            first = stats.get("first_token_at")
             if first is None or float(first) > record.first_token_at:
                 updates["first_token_at"] = repr(record.first_token_at)
-            started_at = _float(stats.get("first_started_at"))
+            started_at = _float(first_started)
             if first is None and started_at is not None and self.workflow_ttft_observer:
                 self.workflow_ttft_observer(max(0.0, record.first_token_at - started_at))
-        await self.store.hset(stats_key, updates)
-        if engine is not None:  # None: refused before any engine was chosen
-            await self.store.hincrby(_k("engines", wid), engine, 1)
-        if agent is not None and status == "ok":
-            await self.store.hset(
-                _k("last", wid),
-                {
-                    agent: dumps(
-                        {"request_id": record.request_id, "agent_id": agent, "ended_at": now}
-                    )
-                },
+        second_round: list[Awaitable[Any]] = [self.store.hset(stats_key, updates)]
+        if kept is not None:  # a record dropped from the bounded list stays dropped
+            second_round.append(
+                self.store.hset(req_key, {record.request_id: dumps(record.to_json())})
             )
         view = self._views.get(wid)
         if view is not None:
             view.service_tokens = total_service
             view.last_active_at = now
             ttl = self._key_ttl(view.settings)
-            for kind in ("engines", "last", "stats"):
-                await self.store.expire(_k(kind, wid), ttl)
+            second_round += [
+                self.store.expire(_k(k, wid), ttl) for k in ("engines", "last", "stats")
+            ]
+        await all_of(self.store, *second_round)
 
     # --- reading --------------------------------------------------------------------------
 

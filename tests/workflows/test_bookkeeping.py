@@ -46,3 +46,56 @@ async def test_a_stalled_store_does_not_hold_the_request_and_its_end_follows_its
     assert all(r["ended_at"] is not None and r["status"] == "ok" for r in records)
     assert [r["engine"] for r in records] == engines
     assert described["totals"]["requests"] == 2
+
+
+class RoundCountingStore(MemoryStateStore):
+    """A store across a network: calls issued together travel in one round trip. Every call
+    waits for the next round; a round leaves once no new call joined it for a few loop turns."""
+
+    in_process = False
+    METHODS = ("get", "set", "expire", "hget", "hgetall", "hset", "hdel", "hincrby",
+               "hincrbyfloat", "push_bounded", "lrange", "set_if_absent")  # fmt: skip
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rounds = 0
+        self._waiting: list[asyncio.Future[None]] = []
+        for name in self.METHODS:
+            setattr(self, name, self._remote(getattr(self, name)))
+
+    def _remote(self, call):  # type: ignore[no-untyped-def]
+        async def remote(*args, **kwargs):  # type: ignore[no-untyped-def]
+            future = asyncio.get_running_loop().create_future()
+            self._waiting.append(future)
+            if len(self._waiting) == 1:
+                asyncio.get_running_loop().create_task(self._send_round())
+            await future
+            return await call(*args, **kwargs)
+
+        return remote
+
+    async def _send_round(self) -> None:
+        for _ in range(5):  # calls gathered together all join within a few turns
+            await asyncio.sleep(0)
+        self.rounds += 1
+        waiting, self._waiting = self._waiting, []
+        for future in waiting:
+            future.set_result(None)
+
+
+async def test_a_finished_request_is_recorded_in_two_round_trips() -> None:
+    router, service = make_router(n=2)
+    store = RoundCountingStore()
+    service.registry.store = store
+    req = request("w", "planner", "r1")
+    await service.before_route(req)
+    decision, _ = await router.policy.route(req, router.pool.candidates(None))
+    await service.flush()  # its start is written
+    store.rounds = 0
+    outcome = RequestOutcome(decision.engine, 200, prompt_tokens=10, cached_tokens=4)
+    service.after_complete(req, outcome)
+    await service.flush()
+    assert store.rounds == 2  # 18 when each call waited for the one before
+    stats = await store.hgetall("wf:stats:w")
+    assert stats["requests"] == "1" and stats["requests|planner"] == "1"
+    assert stats["cached_tokens"] == "4" and stats["last_ended_at"]
