@@ -43,6 +43,11 @@ STAT_FIELDS = ("requests", "prompt_tokens", "cached_tokens", "cross_agent_cached
 Listener = Callable[[str, str], None]  # (workflow id, new state)
 
 
+async def _nothing() -> None:
+    """An awaitable of None, for a read a request does not need."""
+    return None
+
+
 def _k(kind: str, workflow_id: str) -> str:
     return f"wf:{kind}:{workflow_id}"
 
@@ -472,54 +477,61 @@ class WorkflowRegistry:
         ttl = self._key_ttl(view.settings)
         if record.agent_id is not None:
             record.agent_id = await self._add_agent(view, record.agent_id, record.agent_role)
-        handoff = await self._handoff(wid, record)
-        if handoff is not None and self.handoff_observer is not None:
-            self.handoff_observer(handoff.latency_s)
-        # Independent writes go out together (a shared store pipelines them): two round trips
-        # instead of one per write.
+        # Two pipelined rounds (one round trip each to a shared store): the reads and the
+        # independent writes, then what depends on them.
         request_id = record.request_id
         stats_key = _k("stats", wid)
-        writes = [
+        seen, _, dropped, first_started = await all_of(
+            self.store,
+            self._handoff_read(wid, record),
             self.store.hset(_k("req", wid), {request_id: dumps(record.to_json())}),
             self.store.push_bounded(_k("order", wid), request_id, self.limits.max_requests),
             self.store.hget(stats_key, "first_started_at"),
-        ]
+        )
+        handoff = self._handoff(record, seen)
+        if handoff is not None and self.handoff_observer is not None:
+            self.handoff_observer(handoff.latency_s)
+        stats = {"last_active_at": repr(max(record.started_at, view.last_active_at))}
+        if first_started is None:
+            stats["first_started_at"] = repr(record.started_at)
+        second_round: list[Awaitable[Any]] = [self.store.hset(stats_key, stats)]
+        if dropped:
+            second_round.append(self.store.hdel(_k("req", wid), *dropped))
+        kinds = ["req", "order", "stats", "doc"]
         if handoff is not None:
-            writes.append(
+            second_round.append(
                 self.store.push_bounded(
                     _k("handoffs", wid), dumps(handoff.to_json()), self.limits.max_handoffs
                 )
             )
-        _, dropped, first_started, *_ = await all_of(self.store, *writes)
-        stats = {"last_active_at": repr(max(record.started_at, view.last_active_at))}
-        if first_started is None:
-            stats["first_started_at"] = repr(record.started_at)
-        kinds = ["req", "order", "stats", "doc"] + (["handoffs"] if handoff is not None else [])
-        await all_of(
-            self.store,
-            self.store.hset(stats_key, stats),
-            *([self.store.hdel(_k("req", wid), *dropped)] if dropped else []),
-            *(self.store.expire(_k(kind, wid), ttl) for kind in kinds),
-        )
+            kinds.append("handoffs")
+        second_round += [self.store.expire(_k(kind, wid), ttl) for kind in kinds]
+        await all_of(self.store, *second_round)
 
-    async def _handoff(self, workflow_id: str, record: RequestRecord) -> Handoff | None:
+    def _handoff_read(self, workflow_id: str, record: RequestRecord) -> Awaitable[Any]:
+        """What the hand-off into `record` is found from: its parent request's record, else
+        every agent's latest end (`_handoff` reads the answer)."""
+        if record.agent_id is None:
+            return _nothing()
+        if record.parent_request_id:
+            return self.store.hget(_k("req", workflow_id), record.parent_request_id)
+        return self.store.hgetall(_k("last", workflow_id))
+
+    @staticmethod
+    def _handoff(record: RequestRecord, seen: Any) -> Handoff | None:
         """The hand-off into this request: from its parent request, else its parent agent's
-        (or session's) latest end, else the latest other agent's end."""
+        (or session's) latest end, else the latest other agent's end (`seen`: what
+        `_handoff_read` returned)."""
         me = record.agent_id
-        if me is None:
+        if me is None or seen is None:
             return None
         source: dict[str, Any] | None = None
         if record.parent_request_id:
-            raw = await self.store.hget(_k("req", workflow_id), record.parent_request_id)
-            if raw is not None:
-                parent = json.loads(raw)
-                if parent.get("agent_id") != me and parent.get("ended_at") is not None:
-                    source = parent
+            parent = json.loads(seen)
+            if parent.get("agent_id") != me and parent.get("ended_at") is not None:
+                source = parent
         else:
-            last = {
-                agent: json.loads(raw)
-                for agent, raw in (await self.store.hgetall(_k("last", workflow_id))).items()
-            }
+            last = {agent: json.loads(raw) for agent, raw in seen.items()}
             parent_agent = record.parent_agent_id
             if parent_agent and parent_agent != me:  # a subagent: from its parent's end
                 found = last.get(parent_agent)

@@ -83,7 +83,7 @@ class RoundCountingStore(MemoryStateStore):
             future.set_result(None)
 
 
-async def test_a_finished_request_is_recorded_in_two_round_trips() -> None:
+async def test_a_request_is_recorded_in_two_round_trips_at_its_start_and_two_at_its_end() -> None:
     router, service = make_router(n=2)
     store = RoundCountingStore()
     service.registry.store = store
@@ -99,3 +99,9 @@ async def test_a_finished_request_is_recorded_in_two_round_trips() -> None:
     stats = await store.hgetall("wf:stats:w")
     assert stats["requests"] == "1" and stats["requests|planner"] == "1"
     assert stats["cached_tokens"] == "4" and stats["last_ended_at"]
+    store.rounds = 0
+    again = request("w", "planner", "r2")  # an agent the workflow knows: its start only
+    await service.before_route(again)
+    await service.flush()
+    assert store.rounds == 2  # 3 when the hand-off was read before the writes went out
+    assert set(await store.hgetall("wf:req:w")) == {"r1", "r2"}
