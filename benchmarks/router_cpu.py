@@ -26,6 +26,9 @@ Workers: 1 worker = the router pinned to core 1, the engines and this load gener
 them); the engines and load generator still share core 0 with it, so on a 2-core machine the
 2-worker figure is bounded by the machine, not by the router alone.
 
+`aiohttp-relay` (benchmarks.aiohttp_relay) is the floor of any router built on hiveroute's HTTP
+stack: aiohttp's server and client with uvloop relaying bytes, no parsing or routing.
+
 Targets are interleaved within each repetition (a noisy neighbour hits all alike); medians of
 `--reps` repetitions. Writes benchmarks/results/router_cpu.{md,json}.
 """
@@ -72,7 +75,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 @dataclass(frozen=True)
 class Target:
     name: str  # hiveroute:kv, smg, sglang, direct, base:workflow
-    kind: str  # hiveroute | peer | direct
+    kind: str  # hiveroute | peer | direct | relay (benchmarks.aiohttp_relay: the HTTP stack alone)
     policy: str | None
     source: str | None = None  # another hiveroute checkout (PYTHONPATH), for before/after
 
@@ -82,6 +85,7 @@ TARGETS = {
     "hiveroute:round_robin": Target("hiveroute:round_robin", "hiveroute", "round_robin"),
     "hiveroute:kv": Target("hiveroute:kv", "hiveroute", "kv"),
     "hiveroute:workflow": Target("hiveroute:workflow", "hiveroute", "workflow"),
+    "aiohttp-relay": Target("aiohttp-relay", "relay", None),
     "smg": Target("smg", "peer", None),
     "sglang": Target("sglang", "peer", None),
 }
@@ -110,6 +114,15 @@ async def start_target(
     tag = f"{target.name.replace(':', '-')}-w{workers}"
     if target.kind == "direct":
         return Running([e.split(",")[0] for e in engines], [])
+    if target.kind == "relay":
+        port = free_port()
+        urls = [e.split(",")[0] for e in engines]
+        cmd = [sys.executable, "-m", "benchmarks.aiohttp_relay", str(port)]
+        cmd += [a for u in urls for a in ("--engine", u)]
+        proc = start(cmd, cores, logs / f"{tag}.log")
+        url = f"http://127.0.0.1:{port}"
+        await wait_http(f"{url}/health", timeout_s=60)
+        return Running([url], [proc])
     if target.kind == "peer":
         port = free_port()
         urls = [e.split(",")[0] for e in engines]
@@ -240,10 +253,9 @@ async def main_async(args: argparse.Namespace) -> int:
                 for rep in range(args.reps):
                     for name in targets:
                         target = TARGETS[name]
-                        if (target.kind == "direct" or target.source) and workers != workers_list[
-                            0
-                        ]:
-                            continue  # the engines alone, and the baseline, at 1 worker
+                        one_process = target.kind in ("direct", "relay") or target.source
+                        if one_process and workers != workers_list[0]:
+                            continue  # engines, relay and baseline alone: at 1 worker
                         running = await start_target(target, engines, workers, logs, has_workers)
                         try:
                             for size in args.sizes:
