@@ -211,7 +211,9 @@ class VllmServer:
             self.command(), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
 
-    async def wait_ready(self, timeout_s: float = 240.0) -> None:
+    async def wait_ready(self, timeout_s: float = 480.0) -> None:
+        """Wait for /health. vLLM on a CPU starts in about 30 s, but on a busy 2-core machine
+        one start took over 240 s (a CI run at 3838042): the bound is for a hung start."""
         import aiohttp
 
         deadline = time.monotonic() + timeout_s
