@@ -39,11 +39,6 @@ _TOKEN_SCALE = 1000.0  # features in thousands of tokens keep the fit well condi
 FLEET_PRIOR_OBSERVATIONS = 10.0  # what the fleet's fit weighs in an engine's prediction
 
 
-def _vector(values: Iterable[float]) -> Vector:
-    a, b, c = values
-    return (a, b, c)
-
-
 @dataclass(frozen=True)
 class TtftEstimate:
     total_s: float
@@ -56,6 +51,12 @@ class TtftEstimate:
 # costs more per call on three numbers than the arithmetic does.
 Vector = tuple[float, float, float]
 Matrix = list[list[float]]
+
+
+def _vector(values: Iterable[float]) -> Vector:
+    """Three floats as a Vector (a generator's, for the fits' arithmetic)."""
+    a, b, c = values
+    return (a, b, c)
 
 
 class _EngineModel:

@@ -54,12 +54,7 @@ def common_blocks(a: list[BlockKey], b: list[BlockKey]) -> int:
 
 def shared_tokens(a: list[BlockKey], b: list[BlockKey]) -> int:
     """Tokens of the prefix two chains share (whole blocks)."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n * PARENT_BLOCK
+    return common_blocks(a, b) * PARENT_BLOCK
 
 
 class Parents:

@@ -6,11 +6,10 @@ What a workflow adds is knowledge the KV events cannot have yet:
 - a home: the engine its first request is placed on, agreed by every replica before routing
   (set-if-absent in the state store), so keep-warm, pre-warm and the dashboards know where the
   workflow lives; engines it later spills to become secondary homes;
-- its registered shared context (`context_refs`) counts as cached on its homes from the moment
-  it is placed there (pre-warmed, or in flight for a sibling), before any event confirms it;
-- its engines are expected to hold its shared prefix (the text all its prompts began with, as
-  learnt, or its registered context): they all served it, though this replica may not have seen
-  it go there. Nothing beyond that prefix is lent between its engines: what one agent built
+- its engines are expected to hold its shared prefix (the blocks all its prompts began with, as
+  learnt, which include its registered context, `context_refs`, pre-warmed or in flight for a
+  sibling) before any event confirms it: they all served it, though this replica may not have
+  seen it go there. Nothing beyond that prefix is lent between its engines: what one agent built
   past it (its own history) is where the KV index says, which may be where another replica
   sent it (lending it to every engine of the workflow made them all look equal, and agents
   left their history whenever their previous request had gone through the other replica);
@@ -229,11 +228,11 @@ class WorkflowPlacementScorer(Scorer):
         candidates: list[Engine],
     ) -> dict[str, CachedPrompt]:
         """What each engine is expected to hold of this prompt: what is known, and on the
-        workflow's engines at least its shared prefix (its registered context, pre-warmed or
-        in flight for a sibling, or the text all its prompts began with), which they all served
-        though this replica may not have seen it go there. A subagent's parent's engine is expected to hold what its prompt shares with the
-        parent's last one, unless that engine sends KV events: then its index says what it
-        still holds (a conversation's history evicted between turns is not there)."""
+        workflow's engines at least its shared prefix (`shared_prefix_tokens`), which they all
+        served though this replica may not have seen it go there. A subagent's parent's engine
+        is expected to hold what its prompt shares with the parent's last one, unless that
+        engine sends KV events: then its index says what it still holds (a conversation's
+        history evicted between turns is not there)."""
         held = {e.name: self.known(request, state, e) for e in candidates}
         parent: Seen | None = state.get(PARENT_KEY)
         if parent is not None and parent.engine in held and not self.has_events(parent.engine):

@@ -421,30 +421,6 @@ class WorkflowRegistry:
         view.agents.add(agent)
         return agent
 
-    async def start_request(
-        self,
-        view: WorkflowView,
-        *,
-        request_id: str,
-        agent_id: str | None,
-        agent_role: str | None,
-        stage: str | None,
-        parent_request_id: str | None,
-        parent_agent_id: str | None = None,
-    ) -> RequestRecord:
-        """`new_record`, then `record_start`: a request's start, recorded before returning."""
-        record = self.new_record(
-            view,
-            request_id=request_id,
-            agent_id=agent_id,
-            agent_role=agent_role,
-            stage=stage,
-            parent_request_id=parent_request_id,
-            parent_agent_id=parent_agent_id,
-        )
-        await self.record_start(view, record)
-        return record
-
     def new_record(
         self,
         view: WorkflowView,

@@ -34,7 +34,7 @@ async def run_request(
     parent_agent: str | None = None,
 ) -> None:
     view = await reg.ensure(wid)
-    record = await reg.start_request(
+    record = reg.new_record(
         view,
         request_id=rid,
         agent_id=agent,
@@ -43,6 +43,7 @@ async def run_request(
         parent_request_id=parent,
         parent_agent_id=parent_agent,
     )
+    await reg.record_start(view, record)
     clock.now += duration
     await reg.finish_request(
         wid,
