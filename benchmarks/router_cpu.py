@@ -114,22 +114,17 @@ async def start_target(
     tag = f"{target.name.replace(':', '-')}-w{workers}"
     if target.kind == "direct":
         return Running([e.split(",")[0] for e in engines], [])
-    if target.kind == "relay":
+    if target.kind in ("relay", "peer"):  # one process on one port, in front of the engines
         port = free_port()
         urls = [e.split(",")[0] for e in engines]
-        cmd = [sys.executable, "-m", "benchmarks.aiohttp_relay", str(port)]
-        cmd += [a for u in urls for a in ("--engine", u)]
+        if target.kind == "relay":
+            cmd = [sys.executable, "-m", "benchmarks.aiohttp_relay", str(port)]
+            cmd += [a for u in urls for a in ("--engine", u)]
+        else:
+            cmd = await peer_command(target.name, urls, port, None, logs)
         proc = start(cmd, cores, logs / f"{tag}.log")
         url = f"http://127.0.0.1:{port}"
-        await wait_http(f"{url}/health", timeout_s=60)
-        return Running([url], [proc])
-    if target.kind == "peer":
-        port = free_port()
-        urls = [e.split(",")[0] for e in engines]
-        cmd = await peer_command(target.name, urls, port, None, logs)
-        proc = start(cmd, cores, logs / f"{tag}.log")
-        url = f"http://127.0.0.1:{port}"
-        await wait_http(f"{url}/health", timeout_s=120)
+        await wait_http(f"{url}/health", timeout_s=60 if target.kind == "relay" else 120)
         return Running([url], [proc])
     engine_args = [a for e in engines for a in ("--engine", e)]
     base = [sys.executable, "-m", "hiveroute", "serve", *engine_args, "--host", "127.0.0.1",
