@@ -15,17 +15,20 @@ space are encoded whole (the cache disables itself), so ids always equal a full 
 
 from __future__ import annotations
 
-import bisect
 import json
-from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from hiveroute.kvindex.blocks import BlockKey, block_keys
 
+# each token's start offset in its text, ascending
+Starts = npt.NDArray[np.int64]
 # Encode(text, add_special_tokens) -> (ids, start offset of each token in text)
-EncodeWithOffsets = Callable[[str, bool], tuple[list[int], list[int]]]
+EncodeWithOffsets = Callable[[str, bool], tuple[list[int], Starts]]
 # (text, pos) -> whether a token that starts at pos makes every token before it final, whatever
 # follows; pos and pos + 1 lie inside the text's common prefix with the cached one.
 SplitRule = Callable[[str, int], bool]
@@ -38,6 +41,7 @@ MAX_ENTRIES = 1024
 MAX_TOKENS = 2_000_000
 _PROBE = 256  # characters that pick candidate entries (a prefix shorter than this is no win)
 _MAX_BACKOFF_TOKENS = 256
+_FURTHER = 64  # characters another entry must share beyond the best one's to be compared
 
 
 # (block size, salt) -> one encoding's block keys, once a request keyed them
@@ -48,10 +52,10 @@ KeysBySize = dict[tuple[int, str | None], list[BlockKey]]
 class _Entry:
     text: str
     ids: list[int]
-    # each token's start offset in text: an array of machine ints, which the garbage collector
-    # does not walk (64 long prompts' offsets as lists were a million references per full
-    # collection) and which a prefix copies as one block of memory
-    starts: array[int]
+    # each token's start offset in text: machine ints, which the garbage collector does not walk
+    # (64 long prompts' offsets as lists were a million references per full collection), which
+    # a prefix copies as one block of memory and a new tail shifts in one operation
+    starts: Starts
     keys: KeysBySize = field(default_factory=dict)
 
 
@@ -168,18 +172,20 @@ class PrefixEncodeCache:
         candidates = self._entries.get(probe, {})
         best: _Entry | None = None
         best_common = 0
+        further = ""  # the text's next characters after the best entry's common prefix
         for entry in reversed(candidates.values()):  # newest first: it usually shares the most
             if best is not None:
                 if best_common >= len(text):
                     break  # the text is all shared: nothing can beat it
-                # only an entry that also shares the next character can beat the best so far:
-                # one comparison, no copy, for each of the many sessions sharing a prompt
-                entry_text = entry.text
-                if len(entry_text) <= best_common or entry_text[best_common] != text[best_common]:
+                # only an entry that also shares the next characters can beat the best by
+                # enough to matter: one C comparison, no copy, for each of the many sessions
+                # sharing a prompt (a few characters more would save nothing)
+                if not entry.text.startswith(further, best_common):
                     continue
             common = _common_prefix(entry.text, text)
             if common > best_common:
                 best, best_common = entry, common
+                further = text[common : common + _FURTHER]
         ids = PrefixIds()
         source: _Entry | None = None
         reused = 0
@@ -190,15 +196,14 @@ class PrefixEncodeCache:
             # slices copy at memcpy speed (an islice is walked element by element)
             ids.extend(best.ids[:k])
             ids.extend(tail_ids)
-            starts = best.starts[:k]
-            starts.extend(map(pos.__add__, tail_starts))
+            starts = np.concatenate((best.starts[:k], tail_starts + pos))
             self.hits += 1
             self.reused_tokens += k
             source, reused = best, k
         else:
             whole, whole_starts = self._encode(text, add_special_tokens)
             ids.extend(whole)
-            starts = array("q", whole_starts)
+            starts = whole_starts
         extended = best if best is not None and best_common == len(best.text) else None
         entry = _Entry(text, ids, starts)
         ids.keys = entry.keys
@@ -255,12 +260,14 @@ def _safe_cut(
     """(tokens to keep, char position) of the last safe split inside the common prefix."""
     # the split's next character must lie in the common prefix too, and the cached text must
     # continue past the split (its tokens there were not shaped by the text's end)
-    k = bisect.bisect_right(entry.starts, common - 2)
+    k = int(entry.starts.searchsorted(common - 2, side="right"))
+    low = max(0, k - _MAX_BACKOFF_TOKENS - 1)
+    starts = entry.starts[low:k].tolist()  # the few candidates, as plain ints
     for _ in range(min(k, _MAX_BACKOFF_TOKENS)):
         k -= 1
         if k <= 0:
             return None
-        pos = entry.starts[k]
-        if entry.starts[k - 1] < pos and safe_split(text, pos):
+        pos = starts[k - low]
+        if starts[k - 1 - low] < pos and safe_split(text, pos):
             return k, pos
     return None

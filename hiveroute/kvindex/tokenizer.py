@@ -17,13 +17,15 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
-from itertools import accumulate
 from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
 
 from hiveroute.errors import BadRequest, ConfigError
 from hiveroute.kvindex.prefix_cache import (
     PrefixEncodeCache,
+    Starts,
     any_token_start,
     tokenizer_supports_prefix_reuse,
 )
@@ -126,9 +128,7 @@ class BuiltinTokenizer:
         """A full encode, bypassing the prefix cache (tests and benchmarks compare with it)."""
         return self._encode_with_offsets(text, add_special_tokens)[0]
 
-    def _encode_with_offsets(
-        self, text: str, add_special_tokens: bool
-    ) -> tuple[list[int], list[int]]:
+    def _encode_with_offsets(self, text: str, add_special_tokens: bool) -> tuple[list[int], Starts]:
         pieces = _PIECE.findall(text)  # they tile the text: each starts where the last ended
         found = list(map(self._ids.get, pieces))  # known pieces at C speed
         ids: list[int] = (
@@ -136,9 +136,10 @@ class BuiltinTokenizer:
             if None in found
             else found  # type: ignore[assignment]  # no None left
         )
-        starts = [0, *accumulate(map(len, pieces[:-1]))] if pieces else []
-        if add_special_tokens:
-            return [BUILTIN_SPECIAL["<s>"], *ids], [0, *starts]
+        ends = np.fromiter(map(len, pieces), np.int64, len(pieces)).cumsum()
+        starts = np.concatenate(([0], ends[:-1])) if pieces else ends
+        if add_special_tokens:  # <s> comes first and takes no text
+            return [BUILTIN_SPECIAL["<s>"], *ids], np.concatenate(([0], starts))
         return ids, starts
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -199,11 +200,10 @@ class HFTokenizer:
         if tokenizer_supports_prefix_reuse(spec_text) and self._specials_only_in_front():
             self.prefix_cache = PrefixEncodeCache(self._encode_with_offsets)
 
-    def _encode_with_offsets(
-        self, text: str, add_special_tokens: bool
-    ) -> tuple[list[int], list[int]]:
+    def _encode_with_offsets(self, text: str, add_special_tokens: bool) -> tuple[list[int], Starts]:
         encoding = self._tok.encode(text, add_special_tokens=add_special_tokens)
-        return list(encoding.ids), [start for start, _ in encoding.offsets]
+        offsets = np.array(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+        return list(encoding.ids), offsets[:, 0].copy()
 
     def _specials_only_in_front(self) -> bool:
         """Whether special tokens are only ever added in front (BOS), never at the end (EOS),
