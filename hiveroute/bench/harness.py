@@ -31,6 +31,7 @@ from hiveroute.bench.records import LoadSample, RequestRecord, UnitRecord
 from hiveroute.bench.summary import (
     engine_cache_counts,
     engine_request_counts,
+    engine_ttft_counts,
     markdown_table,
     summarize_cell,
 )
@@ -76,6 +77,8 @@ class _Cell:
     wall_s: float = 0.0
     engine_hits: float = 0.0
     engine_queries: float = 0.0
+    engine_ttft_sum: float = 0.0
+    engine_ttft_count: float = 0.0
     engine_requests: dict[str, float] = field(default_factory=dict)
 
 
@@ -198,7 +201,11 @@ async def run_benchmark(options: RunOptions) -> RunResult:
     summaries = []
     for cell in cells.values():
         summary = summarize_cell(
-            cell.records, cell.units, cell.wall_s, (cell.engine_hits, cell.engine_queries)
+            cell.records,
+            cell.units,
+            cell.wall_s,
+            (cell.engine_hits, cell.engine_queries),
+            (cell.engine_ttft_sum, cell.engine_ttft_count),
         )
         summary["engine_requests"] = dict(sorted(cell.engine_requests.items()))
         summaries.append({"target": cell.target, "workload": cell.workload, **summary})
@@ -258,6 +265,9 @@ async def _run_slice(
     hits, queries = engine_cache_counts(sampler.samples)  # per slice: others ran in between
     cell.engine_hits += hits
     cell.engine_queries += queries
+    ttft_sum, ttft_count = engine_ttft_counts(sampler.samples)
+    cell.engine_ttft_sum += ttft_sum
+    cell.engine_ttft_count += ttft_count
     for engine, done in engine_request_counts(sampler.samples).items():
         cell.engine_requests[engine] = cell.engine_requests.get(engine, 0.0) + done
 

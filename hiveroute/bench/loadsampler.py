@@ -1,5 +1,5 @@
 """Scrapes each engine's /metrics while a cell runs: per-engine load over time and the engines'
-own prefix-cache counters."""
+own prefix-cache and time-to-first-token counters."""
 
 from __future__ import annotations
 
@@ -71,5 +71,7 @@ class LoadSampler:
                 prefix_queries=values.get("vllm:prefix_cache_queries_total"),
                 prefix_hits=values.get("vllm:prefix_cache_hits_total"),
                 requests_done=values.get("vllm:request_success_total"),
+                ttft_sum=values.get("vllm:time_to_first_token_seconds_sum"),
+                ttft_count=values.get("vllm:time_to_first_token_seconds_count"),
             )
         )

@@ -78,6 +78,9 @@ class LoadSample:
     prefix_queries: float | None
     prefix_hits: float | None
     requests_done: float | None = None  # vllm:request_success_total, all finish reasons
+    # vllm:time_to_first_token_seconds' sum and count: the engine's own TTFT, without the router
+    ttft_sum: float | None = None
+    ttft_count: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -33,7 +33,10 @@ def summarize_cell(
     units: Sequence[UnitRecord],
     wall_s: float,
     engine_counts: tuple[float, float] = (0.0, 0.0),
+    engine_ttft: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, Any]:
+    """`engine_counts`: the engines' own (prefix-cache hits, queries); `engine_ttft`: their own
+    (TTFT seconds summed, requests), so the time the router adds shows beside the clients'."""
     measured = [r for r in records if not r.cut]
     ok = [r for r in measured if r.ok]
     prompt = sum(r.prompt_tokens or 0 for r in ok)
@@ -60,6 +63,8 @@ def summarize_cell(
         "hit_rate": (cached / prompt_with_cached) if prompt_with_cached else None,
         # the engines' own counters (vllm:prefix_cache_hits / queries), when they export them
         "engine_hit_rate": engine_counts[0] / engine_counts[1] if engine_counts[1] > 0 else None,
+        # the engines' own mean TTFT: the clients' mean minus this is what the router added
+        "engine_ttft_s_mean": engine_ttft[0] / engine_ttft[1] if engine_ttft[1] > 0 else None,
         "output_tokens_per_s": completion / wall_s if wall_s > 0 else None,
         **_stats([r.ttft_s for r in ok if r.ttft_s is not None], "ttft_s"),
         **_stats([r.tpot_s for r in ok if r.tpot_s is not None], "tpot_s"),
@@ -92,6 +97,20 @@ def engine_cache_counts(loads: Sequence[LoadSample]) -> tuple[float, float]:
     queries = sum((last[e].prefix_queries or 0) - (first[e].prefix_queries or 0) for e in last)
     hits = sum((last[e].prefix_hits or 0) - (first[e].prefix_hits or 0) for e in last)
     return hits, queries
+
+
+def engine_ttft_counts(loads: Sequence[LoadSample]) -> tuple[float, float]:
+    """(TTFT seconds summed, requests) of the engines' own TTFT histograms over one stretch."""
+    first: dict[str, LoadSample] = {}
+    last: dict[str, LoadSample] = {}
+    for s in loads:
+        if s.ttft_sum is None or s.ttft_count is None:
+            continue
+        first.setdefault(s.engine, s)
+        last[s.engine] = s
+    total = sum((last[e].ttft_sum or 0) - (first[e].ttft_sum or 0) for e in last)
+    count = sum((last[e].ttft_count or 0) - (first[e].ttft_count or 0) for e in last)
+    return total, count
 
 
 def engine_request_counts(loads: Sequence[LoadSample]) -> dict[str, float]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hiveroute.bench.records import LoadSample
-from hiveroute.bench.summary import engine_request_counts
+from hiveroute.bench.records import LoadSample, RequestRecord
+from hiveroute.bench.summary import engine_request_counts, engine_ttft_counts, summarize_cell
 
 
 def sample(t: float, engine: str, done: float | None) -> LoadSample:
@@ -22,3 +22,26 @@ def test_requests_per_engine_are_the_growth_of_each_engines_success_counter() ->
     ]
     assert engine_request_counts(loads) == {"engine0": 7, "engine1": 3}
     assert engine_request_counts([]) == {}
+
+
+def ttft_sample(t: float, engine: str, total: float | None, count: float | None) -> LoadSample:
+    return LoadSample(t, engine, 0.0, 0.0, 0.0, None, None, ttft_sum=total, ttft_count=count)
+
+
+def test_the_engines_own_ttft_is_the_growth_of_their_histograms_over_the_stretch() -> None:
+    loads = [
+        ttft_sample(0, "engine0", 5.0, 100),  # earlier slices' requests do not count
+        ttft_sample(0, "engine1", 0.0, 0),
+        ttft_sample(1, "engine0", 5.3, 103),
+        ttft_sample(1, "engine1", 0.1, 1),
+        ttft_sample(1, "engine2", None, None),  # a peer's engine without the histogram
+        ttft_sample(2, "engine0", 5.6, 106),
+    ]
+    total, count = engine_ttft_counts(loads)
+    assert count == 7
+    assert abs(total - 0.7) < 1e-9
+    record = RequestRecord("r", "u", "t", "w", "chat", t_send_s=0.0, max_tokens=8)
+    record.status, record.ttft_s = 200, 0.2
+    summary = summarize_cell([record], [], 1.0, engine_ttft=(total, count))
+    assert abs(summary["engine_ttft_s_mean"] - 0.1) < 1e-9
+    assert summarize_cell([record], [], 1.0)["engine_ttft_s_mean"] is None
