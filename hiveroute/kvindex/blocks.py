@@ -35,6 +35,8 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _powers: dict[bool, np.ndarray] = {}  # P**i and P**-i for i < len, grown on demand
+_position_mixes: dict[int, np.ndarray] = {}  # block size -> each position's constant
+_SHORT_CHAIN = 64  # blocks chained in plain Python ints rather than numpy
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -44,6 +46,15 @@ def _mix(x: np.ndarray) -> np.ndarray:
     x = x ^ (x >> np.uint64(27))
     x = x * _M2
     return x ^ (x >> np.uint64(31))
+
+
+def _positions(block_size: int) -> np.ndarray:
+    """What each token is mixed with for its position in its block (one array per size)."""
+    found = _position_mixes.get(block_size)
+    if found is None:
+        positions = np.arange(1, block_size + 1, dtype=np.uint64)
+        found = _position_mixes[block_size] = positions * _GOLDEN + np.uint64(block_size)
+    return found
 
 
 def _power_table(inverse: bool, count: int) -> np.ndarray:
@@ -80,11 +91,21 @@ def block_keys(
     count = len(token_ids) // block_size
     if count == 0:
         return []
-    tokens = np.asarray(token_ids[: count * block_size], dtype=np.int64).astype(np.uint64)
+    n = count * block_size
+    # fromiter reads a list of ints a fifth faster than asarray (a 7,000-token prompt: 90 us)
+    tokens = np.fromiter(token_ids[:n], dtype=np.int64, count=n).astype(np.uint64)
     blocks = tokens.reshape(count, block_size)
-    positions = np.arange(1, block_size + 1, dtype=np.uint64) * _GOLDEN + np.uint64(block_size)
-    hashes = _mix(_mix(blocks ^ positions).sum(axis=1, dtype=np.uint64))
+    hashes = _mix(_mix(blocks ^ _positions(block_size)).sum(axis=1, dtype=np.uint64))
     start = parent if parent is not None else (root_key(salt) if salt else _PLAIN_ROOT)
+    if count <= _SHORT_CHAIN:
+        # an engine's KV event stores a few blocks at a time: chained in plain ints, the same
+        # polynomial, without the power tables' fixed cost
+        keys_out: list[BlockKey] = []
+        key = start
+        for h in hashes.tolist():
+            key = (key * _P + h) & _MASK
+            keys_out.append(key)
+        return keys_out
     up, down = _power_table(False, count), _power_table(True, count)
     # key[i] = start * P**(i+1) + sum_{j<=i} hash[j] * P**(i-j)
     keys = up[:count] * np.cumsum(hashes * down[:count], dtype=np.uint64)

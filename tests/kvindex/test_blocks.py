@@ -1,5 +1,7 @@
 """Chained block keys."""
 
+import random
+
 import pytest
 
 from hiveroute.kvindex.blocks import block_keys
@@ -38,3 +40,16 @@ def test_keys_are_stable_across_processes() -> None:
 def test_bad_block_size() -> None:
     with pytest.raises(ValueError):
         block_keys([1, 2], 0)
+
+
+def test_short_and_long_prompts_chain_the_same_whichever_way_they_are_computed() -> None:
+    """A few blocks are chained in plain ints, many in numpy: every split of a prompt into a
+    head and a tail continued from the head's last key gives the whole prompt's keys."""
+    rng = random.Random(5)
+    tokens = [rng.randrange(1 << 17) for _ in range(200 * 4)]  # 200 blocks of 4
+    whole = block_keys(tokens, 4, salt="t")
+    assert len(whole) == 200
+    for cut in (1, 2, 63, 64, 65, 100, 136, 137, 199):
+        head = block_keys(tokens[: cut * 4], 4, salt="t")
+        tail = block_keys(tokens[cut * 4 :], 4, parent=head[-1])
+        assert head + tail == whole, cut

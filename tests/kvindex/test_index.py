@@ -256,3 +256,30 @@ def test_a_remembered_prefix_match_equals_a_full_walk_whatever_happens_between()
             if found.speculative_blocks == 0 and found.lower_blocks == 0:
                 assert found.gpu_blocks == confirmed
     assert index.match_memo_hits >= 50  # the remembered matches were used, not only stored
+
+
+def test_a_speculated_prompt_counts_whole_until_its_ttl_whatever_its_tail_held() -> None:
+    """A new tail is added in bulk when the index knows none of it, key by key when it knows
+    some key further on (the LRU cap evicted a parent before its child; another engine holds
+    the prompt): either way every key counts as speculated on the engine right after, and once
+    the TTL passes nothing speculative stays in the index."""
+    rng = random.Random(11)
+    clock = Clock()
+    index = KvIndex(max_blocks=30, speculative_ttl_s=2.0, clock=clock)
+    for engine in ("e1", "e2"):
+        index.set_block_size(engine, BS)
+    prompts = [list(range(p * 1000, p * 1000 + 48)) for p in range(4)]  # 12 blocks each
+    for _ in range(2000):
+        engine, other = rng.sample(("e1", "e2"), 2)
+        tokens = rng.choice(prompts)[: BS * rng.randint(1, 12)]
+        keys = block_keys(tokens, BS)
+        if rng.random() < 0.3:
+            index.add_speculative(other, keys)
+        index.add_speculative(engine, keys)
+        match = index.match(engine, keys, BS)
+        assert match.gpu_blocks == len(keys), (match, len(keys))
+        assert len(index) <= 30
+        clock.now += rng.choice((0.0, 0.1, 0.5))
+    clock.now += 3.0
+    index.add_speculative("e1", block_keys([7] * BS, BS))  # a sweep
+    assert len(index) == 1  # nothing confirmed: every block speculated before expired and left
