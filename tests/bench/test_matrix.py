@@ -296,6 +296,7 @@ def test_run_figures_come_from_the_summary_and_the_records() -> None:
         "ttft_s_mean": 0.2,
         "ttft_s_p50": 0.1,
         "ttft_s_p99": 0.9,
+        "engine_ttft_s_mean": 0.15,
         "unit_s_mean": 3.0,
         "engine_requests": {"engine1": 2.0, "engine0": 1.0},
     }
@@ -308,6 +309,7 @@ def test_run_figures_come_from_the_summary_and_the_records() -> None:
     figures = figures_of(summary, requests)
     assert figures["downstream_ttft_mean"] == pytest.approx(0.3)
     assert figures["engine_requests"] == [1, 2] and figures["workflow_s_mean"] == 3.0
+    assert figures["engine_ttft_mean"] == 0.15 and figures["ttft_mean"] == 0.2
     assert figures_of({**summary, "workload": "trace"}, [])["workflow_s_mean"] is None
 
 
@@ -323,6 +325,8 @@ def test_the_report_is_built_from_cell_files_alone(tmp_path: Path) -> None:
                     {
                         "hit_rate": h + s / 100,
                         "ttft_mean": 0.1,
+                        # the engines' own TTFT: recorded by this seed's run only
+                        "engine_ttft_mean": 0.06 if s == 0 else None,
                         "ttft_p50": 0.05,
                         "ttft_p99": 0.3,
                         "engine_requests": [5, 5, 5, 5],
@@ -337,7 +341,7 @@ def test_the_report_is_built_from_cell_files_alone(tmp_path: Path) -> None:
     ]
     text = build(cells, 4, tmp_path, "header")
     assert "| hiveroute:workflow | 1/0/0 |" in text
-    assert "| mt-a | hiveroute:workflow | 3/3 | 71.0% ±1.0%" in text
+    assert "| mt-a | hiveroute:workflow | 3/3 | 71.0% ±1.0% | 100 ±0 | 60 | 50 |" in text
     assert (tmp_path / "matrix_hit_rate.png").exists()
     assert f"({tmp_path.name}/matrix_hit_rate.png)" in text
 
