@@ -131,6 +131,9 @@ class KvIndex:
         # (engine, last shared block) -> (the engine's losses, when) a prompt's blocks up to it
         # were last speculated or confirmed there, all of them
         self._refreshed: dict[tuple[str, BlockKey], tuple[int, float]] = {}
+        # engine -> when the index's cap last evicted a block speculated there: a prefix
+        # speculated before then may have lost its head (the oldest blocks go first)
+        self._speculation_evicted_at: dict[str, float] = {}
         self.match_memo_hits = 0
 
     # --- sizes and engines -------------------------------------------------------------------
@@ -354,14 +357,17 @@ class KvIndex:
         self, engine: str, keys: Sequence[BlockKey], shared: int, now: float, ttl: float
     ) -> bool:
         """Whether keys[:shared] were all speculated or confirmed on `engine` less than half a
-        TTL ago: the last of them was speculated then (speculation covers a prompt from its
-        start), or a prompt that ended its shared part there was refreshed whole then and the
-        engine has lost no block since."""
+        TTL ago: the last of them was speculated then, and since then the index's cap evicted
+        none of the engine's speculation (speculation covers a prompt from its start; the cap
+        takes the oldest, its head, first), or a prompt that ended its shared part there was
+        refreshed whole then and the engine has lost no block since."""
         boundary_key = keys[shared - 1]
         boundary = self._blocks.get(boundary_key)
         if boundary is None:
             return False
-        if boundary.spec.get(engine, 0.0) - now > ttl / 2:
+        expiry = boundary.spec.get(engine, 0.0)
+        evicted_at = self._speculation_evicted_at.get(engine, -math.inf)
+        if expiry - now > ttl / 2 and expiry - ttl > evicted_at:
             return True
         found = self._refreshed.get((engine, boundary_key))
         return (
@@ -523,6 +529,8 @@ class KvIndex:
             for engine in (*entry.holders, *entry.spec):
                 self._changed(engine)
                 self._lost(engine)
+            for engine in entry.spec:
+                self._speculation_evicted_at[engine] = self.clock()
             for engine, tiers in entry.holders.items():
                 state = self._engines.get(engine)
                 if state is not None:

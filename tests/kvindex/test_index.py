@@ -283,3 +283,21 @@ def test_a_speculated_prompt_counts_whole_until_its_ttl_whatever_its_tail_held()
     clock.now += 3.0
     index.add_speculative("e1", block_keys([7] * BS, BS))  # a sweep
     assert len(index) == 1  # nothing confirmed: every block speculated before expired and left
+
+
+def test_a_prefix_whose_head_the_cap_evicted_is_speculated_again_though_lately_speculated() -> None:
+    """The half-TTL shortcut trusts that a prefix speculated lately is there whole. The index's
+    own cap evicts the oldest blocks first, a speculated prompt's head before its end: then a
+    sibling sharing that prefix must speculate the head again, or the engine looks empty."""
+    clock = Clock()
+    index = KvIndex(max_blocks=16, speculative_ttl_s=10.0, clock=clock)
+    index.set_block_size("e1", BS)
+    context = list(range(48))  # 12 blocks every sibling shares
+    keys = block_keys(context, BS)
+    index.add_speculative("e1", keys)
+    index.add_speculative("e1", block_keys([7] * (6 * BS), BS))  # the cap evicts the head
+    assert index.match("e1", keys, BS).gpu_blocks < len(keys)
+    clock.now += 1.0
+    sibling = block_keys([*context, 90, 91, 92, 93], BS)
+    index.add_speculative("e1", sibling, shared_blocks=len(keys))
+    assert index.match("e1", sibling, BS).gpu_blocks == len(sibling)
