@@ -12,9 +12,8 @@ one cross-agent attribution (the index knows where blocks are, not who stored th
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
-from itertools import compress, repeat
-from operator import is_
+from collections import OrderedDict
+from itertools import groupby, repeat
 
 from hiveroute.kvindex.blocks import BlockKey
 from hiveroute.kvindex.tokenizer import Tokenizer
@@ -69,20 +68,23 @@ class CrossAgentAccountant:
         blocks = maps.setdefault(engine, {})
         me = agent_id or ""
         hit_blocks = min(len(chain), (cached_tokens or 0) // self.block_size)
-        # One lookup per block at C speed; then work per distinct origin, not per block: a
-        # prompt's blocks were stored by a few earlier requests (its shared context by one).
+        # One lookup per block at C speed; then work per run of blocks one request stored, not
+        # per block: a prompt's blocks come in a few runs (its shared context is one).
         origins = list(map(blocks.get, chain))
-        cross = 0
-        for origin, count in Counter(origins[:hit_blocks]).items():
-            if origin is not None and origin[1] != me and origin[0] <= started_at:
-                cross += count
         mine: Origin = (started_at, me)
-        later = {o for o in set(origins) if o is not None and o[0] > started_at}
-        if later:  # this request started first (it finished later): it stored those blocks
-            for key, origin in zip(chain, origins, strict=True):
-                if origin in later:
-                    blocks[key] = mine
-        missing = list(compress(chain, map(is_, origins, repeat(None))))
+        cross = 0
+        missing: list[BlockKey] = []
+        start = 0
+        for origin, run in groupby(origins):
+            end = start + len(list(run))
+            if origin is None:
+                missing += chain[start:end]
+            elif origin[0] > started_at:
+                # this request started first (it finished later): it stored these blocks
+                blocks.update(zip(chain[start:end], repeat(mine)))
+            elif origin[1] != me and start < hit_blocks:
+                cross += min(end, hit_blocks) - start
+            start = end
         size = self._sizes.get(workflow_id, 0)
         stored = missing[: max(0, self.max_blocks - size)]
         if stored:
