@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from hiveroute.bench.records import LoadSample, RequestRecord, UnitRecord
@@ -85,45 +85,46 @@ def requests_per_engine(records: Iterable[RequestRecord]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def _growth_by_engine(
+    loads: Sequence[LoadSample], read: Callable[[LoadSample], tuple[float | None, ...]]
+) -> dict[str, tuple[float, ...]]:
+    """How much each engine's counters (`read` from a sample) grew from its first sample that
+    has them all to its last: one stretch of a run, whatever the engines counted before it."""
+    first: dict[str, tuple[float, ...]] = {}
+    last: dict[str, tuple[float, ...]] = {}
+    for s in loads:
+        values = read(s)
+        if None in values:
+            continue
+        counters = tuple(v for v in values if v is not None)  # all of them, as floats
+        first.setdefault(s.engine, counters)
+        last[s.engine] = counters
+    return {e: tuple(b - a for a, b in zip(first[e], last[e], strict=True)) for e in sorted(last)}
+
+
+def _fleet_totals(growth: dict[str, tuple[float, ...]], width: int) -> tuple[float, ...]:
+    return tuple(sum(g[i] for g in growth.values()) for i in range(width))
+
+
 def engine_cache_counts(loads: Sequence[LoadSample]) -> tuple[float, float]:
     """(hits, queries) of the engines' own prefix-cache counters over one stretch of samples."""
-    first: dict[str, LoadSample] = {}
-    last: dict[str, LoadSample] = {}
-    for s in loads:
-        if s.prefix_queries is None or s.prefix_hits is None:
-            continue
-        first.setdefault(s.engine, s)
-        last[s.engine] = s
-    queries = sum((last[e].prefix_queries or 0) - (first[e].prefix_queries or 0) for e in last)
-    hits = sum((last[e].prefix_hits or 0) - (first[e].prefix_hits or 0) for e in last)
+    growth = _growth_by_engine(loads, lambda s: (s.prefix_hits, s.prefix_queries))
+    hits, queries = _fleet_totals(growth, 2)
     return hits, queries
 
 
 def engine_ttft_counts(loads: Sequence[LoadSample]) -> tuple[float, float]:
     """(TTFT seconds summed, requests) of the engines' own TTFT histograms over one stretch."""
-    first: dict[str, LoadSample] = {}
-    last: dict[str, LoadSample] = {}
-    for s in loads:
-        if s.ttft_sum is None or s.ttft_count is None:
-            continue
-        first.setdefault(s.engine, s)
-        last[s.engine] = s
-    total = sum((last[e].ttft_sum or 0) - (first[e].ttft_sum or 0) for e in last)
-    count = sum((last[e].ttft_count or 0) - (first[e].ttft_count or 0) for e in last)
+    growth = _growth_by_engine(loads, lambda s: (s.ttft_sum, s.ttft_count))
+    total, count = _fleet_totals(growth, 2)
     return total, count
 
 
 def engine_request_counts(loads: Sequence[LoadSample]) -> dict[str, float]:
     """Requests each engine finished over one stretch of samples, by its own counter: what a
     router sent where, for routers that do not say (peers send no X-Hiveroute-Engine)."""
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    for s in loads:
-        if s.requests_done is None:
-            continue
-        first.setdefault(s.engine, s.requests_done)
-        last[s.engine] = s.requests_done
-    return {e: last[e] - first[e] for e in sorted(last)}
+    growth = _growth_by_engine(loads, lambda s: (s.requests_done,))
+    return {e: done for e, (done,) in growth.items()}
 
 
 TABLE_COLUMNS = (
