@@ -5,8 +5,11 @@ homes, shared contexts, anything else kept in the StateStore) lives in one Memor
 owned by the parent process and served on a Unix socket by `StateServer`. Each worker talks to
 it through `SharedStateClient`, which implements the StateStore interface.
 
-The wire is length-prefixed JSON frames (orjson): a call ``[id, method, args, kwargs]`` and a reply
-``[id, ok, result]``. Calls are pipelined on one connection per worker; the server runs each
+The wire is length-prefixed JSON frames (orjson). A frame carries every call a worker made in one
+event-loop turn, ``[[id, method, args, kwargs], ...]``, and the server answers each frame with
+one frame of replies, ``[[id, ok, result], ...]``: a request's bookkeeping (a few dozen calls in
+a few rounds) costs a few frames, not one per call, which was most of what a worker spent on
+shared state. Calls are pipelined on one connection per worker; the server runs each
 connection's calls in order, and the memory store's operations never yield, so every call
 (`set_if_absent`, `compare_and_set`, `hincrby`, ...) is atomic across workers, as in Redis.
 """
@@ -19,6 +22,7 @@ import itertools
 import logging
 import os
 import struct
+from collections.abc import Awaitable
 from typing import Any
 
 import orjson
@@ -51,35 +55,35 @@ METHODS = frozenset(
 )
 
 
-def _encode(message: list[Any]) -> bytes:
-    payload = orjson.dumps(message)
-    return _FRAME.pack(len(payload)) + payload
-
-
 class _Batcher:
-    """Frames written in one event-loop turn go out in one write (one system call): a request
-    makes several state calls at once (asyncio.gather), and a worker serves many requests."""
+    """Messages sent in one event-loop turn go out as one frame in one write (one system call):
+    a request makes several state calls at once (`all_of`), and a worker serves many requests."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
-        self._frames: list[bytes] = []
+        self._messages: list[list[Any]] = []
 
-    def send(self, frame: bytes) -> None:
-        if not self._frames:
+    def send(self, message: list[Any]) -> None:
+        if not self._messages:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._frames.append(frame)
+        self._messages.append(message)
 
     def _flush(self) -> None:
-        frames, self._frames = self._frames, []
+        messages, self._messages = self._messages, []
         if not self.writer.is_closing():
-            self.writer.write(b"".join(frames))
+            payload = orjson.dumps(messages)
+            self.writer.write(_FRAME.pack(len(payload)) + payload)
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> Any:
+async def _read_frame(reader: asyncio.StreamReader) -> list[Any]:
+    """One frame's messages; ValueError for a frame that is not a list of messages."""
     (size,) = _FRAME.unpack(await reader.readexactly(_FRAME.size))
     if size > MAX_FRAME_BYTES:
         raise ValueError(f"state frame of {size} bytes is over the limit")
-    return orjson.loads(await reader.readexactly(size))
+    messages = orjson.loads(await reader.readexactly(size))
+    if not isinstance(messages, list):
+        raise ValueError("a state frame must hold a list of messages")
+    return messages
 
 
 class StateServer:
@@ -113,10 +117,11 @@ class StateServer:
         try:
             while True:
                 try:
-                    call_id, method, args, kwargs = await _read_frame(reader)
+                    calls = await _read_frame(reader)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
-                replies.send(_encode(await self._call(call_id, method, args, kwargs)))
+                for call_id, method, args, kwargs in calls:
+                    replies.send(await self._call(call_id, method, args, kwargs))
                 if writer.transport.get_write_buffer_size() > 1 << 20:
                     await writer.drain()
         except (ValueError, TypeError) as exc:  # a malformed frame: drop that connection
@@ -167,18 +172,18 @@ class SharedStateClient:
         error: BaseException = ConnectionError("the shared state server closed the connection")
         try:
             while True:
-                call_id, ok, result = await _read_frame(reader)
-                future = self._pending.pop(call_id, None)
-                if future is None or future.done():
-                    continue
-                if ok:
-                    future.set_result(result)
-                else:
-                    kind, message = result
-                    future.set_exception(
-                        TypeError(message) if kind == "TypeError" else ValueError(message)
-                    )
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+                for call_id, ok, result in await _read_frame(reader):
+                    future = self._pending.pop(call_id, None)
+                    if future is None or future.done():
+                        continue
+                    if ok:
+                        future.set_result(result)
+                    else:
+                        kind, message = result
+                        future.set_exception(
+                            TypeError(message) if kind == "TypeError" else ValueError(message)
+                        )
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError, TypeError) as exc:
             error = ConnectionError(f"shared state server: {exc}")
         finally:
             self._writer = self._calls = None
@@ -187,75 +192,79 @@ class SharedStateClient:
                 if not future.done():
                     future.set_exception(error)
 
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        if self._writer is None:
-            await self._connect()
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """Send one call (with this turn's others, in one frame) and return its reply's future.
+
+        A future, not a coroutine: `all_of` gathers a request's calls without wrapping each in
+        a task, which cost more than the call itself. The server's store returns each result
+        already in its type (JSON keeps ints, floats, booleans, lists and objects apart)."""
         calls = self._calls
-        assert calls is not None
+        if calls is None:  # not connected yet, or the connection was lost: connect first
+            return asyncio.ensure_future(self._connect_and_call(method, args, kwargs))
         call_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
-        calls.send(_encode([call_id, method, list(args), kwargs]))
-        return await future
+        calls.send([call_id, method, list(args), kwargs])
+        return future
+
+    async def _connect_and_call(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        await self._connect()
+        return await self._call(method, *args, **kwargs)
 
     # strings --------------------------------------------------------------------------------
 
-    async def get(self, key: str) -> str | None:
-        value: str | None = await self._call("get", key)
-        return value
+    def get(self, key: str) -> Awaitable[str | None]:
+        return self._call("get", key)
 
-    async def set(self, key: str, value: str, *, ttl_s: float | None = None) -> None:
-        await self._call("set", key, value, ttl_s=ttl_s)
+    def set(self, key: str, value: str, *, ttl_s: float | None = None) -> Awaitable[None]:
+        return self._call("set", key, value, ttl_s=ttl_s)
 
-    async def set_if_absent(self, key: str, value: str, *, ttl_s: float | None = None) -> bool:
-        return bool(await self._call("set_if_absent", key, value, ttl_s=ttl_s))
+    def set_if_absent(self, key: str, value: str, *, ttl_s: float | None = None) -> Awaitable[bool]:
+        return self._call("set_if_absent", key, value, ttl_s=ttl_s)
 
-    async def compare_and_set(
+    def compare_and_set(
         self, key: str, expected: str | None, value: str, *, ttl_s: float | None = None
-    ) -> bool:
-        return bool(await self._call("compare_and_set", key, expected, value, ttl_s=ttl_s))
+    ) -> Awaitable[bool]:
+        return self._call("compare_and_set", key, expected, value, ttl_s=ttl_s)
 
-    async def delete(self, *keys: str) -> int:
-        return int(await self._call("delete", *keys))
+    def delete(self, *keys: str) -> Awaitable[int]:
+        return self._call("delete", *keys)
 
-    async def expire(self, key: str, ttl_s: float | None) -> bool:
-        return bool(await self._call("expire", key, ttl_s))
+    def expire(self, key: str, ttl_s: float | None) -> Awaitable[bool]:
+        return self._call("expire", key, ttl_s)
 
-    async def scan(self, prefix: str, *, limit: int = 10_000) -> list[str]:
-        found: list[str] = await self._call("scan", prefix, limit=limit)
-        return found
+    def scan(self, prefix: str, *, limit: int = 10_000) -> Awaitable[list[str]]:
+        return self._call("scan", prefix, limit=limit)
 
     # hashes ---------------------------------------------------------------------------------
 
-    async def hget(self, key: str, field: str) -> str | None:
-        value: str | None = await self._call("hget", key, field)
-        return value
+    def hget(self, key: str, field: str) -> Awaitable[str | None]:
+        return self._call("hget", key, field)
 
-    async def hgetall(self, key: str) -> dict[str, str]:
-        found: dict[str, str] = await self._call("hgetall", key)
-        return found
+    def hgetall(self, key: str) -> Awaitable[dict[str, str]]:
+        return self._call("hgetall", key)
 
-    async def hset(self, key: str, mapping: dict[str, str]) -> None:
-        await self._call("hset", key, mapping)
+    def hset(self, key: str, mapping: dict[str, str]) -> Awaitable[None]:
+        return self._call("hset", key, mapping)
 
-    async def hdel(self, key: str, *fields: str) -> int:
-        return int(await self._call("hdel", key, *fields))
+    def hdel(self, key: str, *fields: str) -> Awaitable[int]:
+        return self._call("hdel", key, *fields)
 
-    async def hincrby(self, key: str, field: str, amount: int = 1) -> int:
-        return int(await self._call("hincrby", key, field, amount))
+    def hincrby(self, key: str, field: str, amount: int = 1) -> Awaitable[int]:
+        return self._call("hincrby", key, field, amount)
 
-    async def hincrbyfloat(self, key: str, field: str, amount: float) -> float:
-        return float(await self._call("hincrbyfloat", key, field, amount))
+    def hincrbyfloat(self, key: str, field: str, amount: float) -> Awaitable[float]:
+        return self._call("hincrbyfloat", key, field, amount)
 
     # bounded lists --------------------------------------------------------------------------
 
-    async def push_bounded(self, key: str, value: str, max_len: int) -> list[str]:
-        dropped: list[str] = await self._call("push_bounded", key, value, max_len)
-        return dropped
+    def push_bounded(self, key: str, value: str, max_len: int) -> Awaitable[list[str]]:
+        return self._call("push_bounded", key, value, max_len)
 
-    async def lrange(self, key: str, start: int = 0, stop: int = -1) -> list[str]:
-        found: list[str] = await self._call("lrange", key, start, stop)
-        return found
+    def lrange(self, key: str, start: int = 0, stop: int = -1) -> Awaitable[list[str]]:
+        return self._call("lrange", key, start, stop)
 
     # lifecycle ------------------------------------------------------------------------------
 

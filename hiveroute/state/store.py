@@ -26,7 +26,10 @@ from hiveroute.errors import ConfigError
 
 
 class StateStore(Protocol):
-    """Async key/value, hash and bounded-list store with TTLs (memory or Redis)."""
+    """Async key/value, hash and bounded-list store with TTLs (memory or Redis).
+
+    Each operation returns an awaitable: a coroutine (memory, Redis) or a future already sent
+    (the shared store of `serve --workers`)."""
 
     name: str
     # Calls finish without waiting on another process (they never suspend): independent calls
@@ -34,52 +37,52 @@ class StateStore(Protocol):
     in_process: bool
 
     # strings ------------------------------------------------------------------------------
-    async def get(self, key: str) -> str | None: ...
+    def get(self, key: str) -> Awaitable[str | None]: ...
 
-    async def set(self, key: str, value: str, *, ttl_s: float | None = None) -> None: ...
+    def set(self, key: str, value: str, *, ttl_s: float | None = None) -> Awaitable[None]: ...
 
-    async def set_if_absent(self, key: str, value: str, *, ttl_s: float | None = None) -> bool:
+    def set_if_absent(self, key: str, value: str, *, ttl_s: float | None = None) -> Awaitable[bool]:
         """Set `key` only if it does not exist; True if this call set it."""
         ...
 
-    async def compare_and_set(
+    def compare_and_set(
         self, key: str, expected: str | None, value: str, *, ttl_s: float | None = None
-    ) -> bool:
+    ) -> Awaitable[bool]:
         """Set `key` to `value` only if it currently holds `expected` (None: absent)."""
         ...
 
-    async def delete(self, *keys: str) -> int: ...
+    def delete(self, *keys: str) -> Awaitable[int]: ...
 
-    async def expire(self, key: str, ttl_s: float | None) -> bool:
+    def expire(self, key: str, ttl_s: float | None) -> Awaitable[bool]:
         """Renew (or with None, remove) a key's TTL; False if the key does not exist."""
         ...
 
-    async def scan(self, prefix: str, *, limit: int = 10_000) -> list[str]:
+    def scan(self, prefix: str, *, limit: int = 10_000) -> Awaitable[list[str]]:
         """Keys starting with `prefix` (at most `limit`)."""
         ...
 
     # hashes -------------------------------------------------------------------------------
-    async def hget(self, key: str, field: str) -> str | None: ...
+    def hget(self, key: str, field: str) -> Awaitable[str | None]: ...
 
-    async def hgetall(self, key: str) -> dict[str, str]: ...
+    def hgetall(self, key: str) -> Awaitable[dict[str, str]]: ...
 
-    async def hset(self, key: str, mapping: dict[str, str]) -> None: ...
+    def hset(self, key: str, mapping: dict[str, str]) -> Awaitable[None]: ...
 
-    async def hdel(self, key: str, *fields: str) -> int: ...
+    def hdel(self, key: str, *fields: str) -> Awaitable[int]: ...
 
-    async def hincrby(self, key: str, field: str, amount: int = 1) -> int: ...
+    def hincrby(self, key: str, field: str, amount: int = 1) -> Awaitable[int]: ...
 
-    async def hincrbyfloat(self, key: str, field: str, amount: float) -> float: ...
+    def hincrbyfloat(self, key: str, field: str, amount: float) -> Awaitable[float]: ...
 
     # bounded lists ------------------------------------------------------------------------
-    async def push_bounded(self, key: str, value: str, max_len: int) -> list[str]:
+    def push_bounded(self, key: str, value: str, max_len: int) -> Awaitable[list[str]]:
         """Append `value`, keep the last `max_len` entries, return those that fell off."""
         ...
 
-    async def lrange(self, key: str, start: int = 0, stop: int = -1) -> list[str]: ...
+    def lrange(self, key: str, start: int = 0, stop: int = -1) -> Awaitable[list[str]]: ...
 
     # lifecycle ----------------------------------------------------------------------------
-    async def close(self) -> None: ...
+    def close(self) -> Awaitable[None]: ...
 
 
 async def get_json(store: StateStore, key: str) -> Any:
@@ -92,10 +95,12 @@ async def set_json(store: StateStore, key: str, value: Any, *, ttl_s: float | No
 
 
 async def all_of(store: StateStore, *calls: Awaitable[Any]) -> list[Any]:
-    """The results of independent calls to `store`: sent together to a remote store (one
-    round trip, pipelined), awaited in turn on an in-process one, where tasks would only add
-    event-loop turns to the request."""
-    if not store.in_process:
+    """The results of independent calls to `store`, sent together to a remote store (one
+    round trip, pipelined). Awaited in turn when that costs no round trips: on an in-process
+    store (its calls never suspend: tasks would only add event-loop turns to the request), and
+    when every call is already in flight (a shared store's calls are futures, sent when made:
+    `gather` would add a callback per call and no speed)."""
+    if not store.in_process and not all(isinstance(call, asyncio.Future) for call in calls):
         return list(await asyncio.gather(*calls))
     results = []
     for i, call in enumerate(calls):
@@ -105,8 +110,16 @@ async def all_of(store: StateStore, *calls: Awaitable[Any]) -> list[Any]:
             for rest in calls[i + 1 :]:  # as gather would, leave no call unawaited
                 if inspect.iscoroutine(rest):
                     rest.close()
+                elif isinstance(rest, asyncio.Future):
+                    rest.add_done_callback(_retrieve)
             raise
     return results
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a call's failure as seen: the first failure of `all_of` is the one raised."""
+    if not future.cancelled():
+        future.exception()
 
 
 def dumps(value: Any) -> str:

@@ -61,3 +61,31 @@ async def test_a_remote_store_gets_the_calls_at_once() -> None:
         await asyncio.sleep(0)
     release.set()
     assert await running == ["a", "b"]
+
+
+async def test_calls_in_flight_are_awaited_in_turn_and_no_failure_goes_unseen() -> None:
+    """A shared store's calls are futures, sent when made: no task per call, and when one
+    fails the others' failures are marked seen (no 'exception was never retrieved')."""
+    store = _RemoteStore()
+    loop = asyncio.get_running_loop()
+    first, second, third = loop.create_future(), loop.create_future(), loop.create_future()
+    running = asyncio.ensure_future(all_of(store, first, second, third))
+    await asyncio.sleep(0)
+    tasks = len(asyncio.all_tasks())
+    first.set_result(1)
+    second.set_exception(ValueError("no such hash"))
+    with pytest.raises(ValueError, match="no such hash"):
+        await running
+    assert len(asyncio.all_tasks()) <= tasks  # no task was made per call
+    unseen: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unseen.append(context))
+    try:
+        third.set_exception(ValueError("also failed"))
+        await asyncio.sleep(0)  # the done callback runs
+        del first, second, third, running
+        import gc
+
+        gc.collect()
+        assert unseen == []
+    finally:
+        loop.set_exception_handler(None)

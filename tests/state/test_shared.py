@@ -51,3 +51,60 @@ async def test_a_client_whose_server_is_gone_gets_a_connection_error(tmp_path: P
     with pytest.raises(ConnectionError):
         await client.get("k")
     await client.close()
+
+
+async def test_the_calls_of_one_turn_travel_in_one_frame_each_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request's bookkeeping is a few dozen calls in a few rounds: each round is one frame
+    to the server and one back, not one per call."""
+    import asyncio
+
+    from hiveroute.state import shared
+    from hiveroute.state.store import all_of
+
+    frames: list[int] = []
+    read_frame = shared._read_frame
+
+    async def counting(reader: asyncio.StreamReader) -> list[object]:
+        messages = await read_frame(reader)
+        frames.append(len(messages))
+        return messages
+
+    monkeypatch.setattr(shared, "_read_frame", counting)
+    server = StateServer(str(tmp_path / "state.sock"))
+    await server.start()
+    client = SharedStateClient(server.path)
+    try:
+        await client.set("warm", "1")  # connects
+        frames.clear()
+        results = await all_of(
+            client,
+            *(client.hincrby("stats", f"f{i}", i) for i in range(20)),
+            client.hget("stats", "f3"),
+            client.get("warm"),
+        )
+        assert results == [*range(20), "3", "1"]
+        assert sorted(frames) == [22, 22]  # the calls in one frame, the replies in another
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_a_malformed_frame_drops_that_connection_only(tmp_path: Path) -> None:
+    import asyncio
+
+    server = StateServer(str(tmp_path / "state.sock"))
+    await server.start()
+    good = SharedStateClient(server.path)
+    try:
+        reader, writer = await asyncio.open_unix_connection(server.path)
+        payload = b'{"not": "a list"}'
+        writer.write(len(payload).to_bytes(4, "big") + payload)
+        assert await reader.read() == b""  # the server closed it
+        writer.close()
+        await good.set("k", "v")
+        assert await good.get("k") == "v"
+    finally:
+        await good.close()
+        await server.stop()
