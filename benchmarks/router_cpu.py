@@ -107,6 +107,11 @@ class Running:
         return sum(cpu_seconds(p.pid) for p in self.procs)
 
 
+def source_has_workers(source: str | None) -> bool:
+    """Whether a hiveroute checkout (None: this one) has `serve --workers`."""
+    return source is None or (Path(source) / "hiveroute" / "workers.py").exists()
+
+
 async def start_target(
     target: Target, engines: list[str], workers: int, logs: Path, has_workers: bool
 ) -> Running:
@@ -131,9 +136,10 @@ async def start_target(
             "--policy", str(target.policy), "--log-level", "warning", "--health-interval-s", "5",
             "--keep-warm-interval-s", "0"]  # fmt: skip
     env = {"PYTHONPATH": target.source} if target.source else None
-    processes = 1 if (workers == 1 or (has_workers and not target.source)) else workers
-    # a baseline checkout (target.source) may predate --workers: it runs one process per port
-    extra = ["--workers", str(workers)] if has_workers and not target.source else []
+    # a baseline checkout (target.source) that predates --workers runs one process per port
+    serves_workers = has_workers and source_has_workers(target.source)
+    processes = 1 if (workers == 1 or serves_workers) else workers
+    extra = ["--workers", str(workers)] if serves_workers else []
     running = Running([], [])
     for i in range(processes):
         port = free_port()
@@ -248,9 +254,11 @@ async def main_async(args: argparse.Namespace) -> int:
                 for rep in range(args.reps):
                     for name in targets:
                         target = TARGETS[name]
-                        one_process = target.kind in ("direct", "relay") or target.source
+                        one_process = target.kind in ("direct", "relay") or (
+                            target.source and not source_has_workers(target.source)
+                        )
                         if one_process and workers != workers_list[0]:
-                            continue  # engines, relay and baseline alone: at 1 worker
+                            continue  # engines, relay and an old baseline alone: at 1 worker
                         running = await start_target(target, engines, workers, logs, has_workers)
                         try:
                             for size in args.sizes:
@@ -331,7 +339,13 @@ def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], has_worke
         *(
             [
                 f"- `base:POLICY`: hiveroute from {args.baseline} (commit "
-                f"{os.environ.get('HIVEROUTE_BASE_COMMIT', '?')}), the same run, 1 worker"
+                f"{os.environ.get('HIVEROUTE_BASE_COMMIT') or _commit(Path(args.baseline))}), "
+                "the same run, "
+                + (
+                    "at each worker count"
+                    if source_has_workers(args.baseline)
+                    else "1 worker (it predates `serve --workers`)"
+                )
             ]
             if args.baseline
             else []
@@ -405,7 +419,7 @@ def main() -> int:
     parser.add_argument("--sim-targets", default="hiveroute:kv,hiveroute:workflow,smg",
                         help="on simulated engines with KV events ('' for none)")  # fmt: skip
     parser.add_argument("--baseline", default="", metavar="DIR",
-                        help="also run hiveroute from this checkout (targets base:POLICY, 1 worker)")  # fmt: skip
+                        help="also run hiveroute from this checkout (targets base:POLICY; at every worker count if it has serve --workers)")  # fmt: skip
     parser.add_argument("--workers", default="1,2", help="worker counts (instant engines)")
     parser.add_argument("--clients", type=int, default=32, help="closed-loop clients")
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per cell")
