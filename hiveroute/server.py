@@ -37,10 +37,12 @@ async def start_router(
     router: Router | None = None,
     reuse_port: bool = False,
     extend: Callable[[web.Application], None] | None = None,
+    before_listening: Callable[[], Awaitable[None]] | None = None,
 ) -> RunningRouter:
     """Start a router on config.host:config.port (port 0 picks a free one). `reuse_port`: one
     of several processes on the port (`serve --workers`); `extend` adds to the app before it
-    starts (a worker's middleware)."""
+    starts (a worker's middleware); `before_listening` is awaited once the app is ready and
+    before the port takes connections (a worker waits there for its siblings)."""
     router = router or assemble(config)
     app = router.app()
     if extend is not None:
@@ -49,6 +51,12 @@ async def start_router(
     # upstream connection, which makes the engine abort the request.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
+    if before_listening is not None:
+        try:
+            await before_listening()
+        except BaseException:
+            await runner.cleanup()
+            raise
     site = web.TCPSite(
         runner,
         config.host,

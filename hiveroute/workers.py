@@ -4,7 +4,9 @@ The parent reserves the port (bound with SO_REUSEPORT, never listening), serves 
 on a Unix socket (hiveroute.state.shared, unless `state` names Redis) and starts N workers. Each
 worker is a whole router, assembled by hiveroute.assembly, listening on the port with
 SO_REUSEPORT (the kernel spreads connections over them) and subscribing to the engines' KV events
-itself. The workers share what each has in flight on each engine (requests, prefill backlog) on
+itself. No worker listens before every worker is assembled (each says so on its pipe and waits
+for the parent's word): a worker that listened first would take every keep-alive connection
+opened meanwhile, and keep them. The workers share what each has in flight on each engine (requests, prefill backlog) on
 a load board in shared memory (hiveroute.engines.load_board) that the parent lays out before they
 start, so each routes knowing its siblings' load. Each worker also serves its own /metrics and
 dashboard overview on a private Unix socket, so whichever worker answers `/metrics` or
@@ -50,6 +52,10 @@ log = logging.getLogger("hiveroute.workers")
 WORKER_HEADER = "X-Hiveroute-Worker"  # the pid of the worker that served a response
 STOP_TIMEOUT_S = 30.0
 READY_TIMEOUT_S = 120.0
+# what a worker and its parent say on the worker's pipe, in this order
+ASSEMBLED = "assembled"  # worker: my router is built; I listen when you say so
+LISTEN = "listen"  # parent: every worker is assembled
+READY = "ready"  # worker: I listen on the port
 
 
 @dataclass(frozen=True)
@@ -110,16 +116,22 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
         pipes: list[Connection] = []
         for index in range(count):
             spec = WorkerSpec(config, index, count, run_dir, state.path if state else None, board)
-            receive, send = context.Pipe(duplex=False)
+            ours, theirs = context.Pipe(duplex=True)
             process = context.Process(
-                target=worker_main, args=(spec, send), name=f"hiveroute-worker-{index}"
+                target=worker_main, args=(spec, theirs), name=f"hiveroute-worker-{index}"
             )
             process.start()
-            send.close()
+            theirs.close()
             processes.append(process)
-            pipes.append(receive)
-        if not await _wait_ready(pipes, processes, stop):
+            pipes.append(ours)
+        if not await _all_say(ASSEMBLED, pipes, processes, stop):
             return
+        for pipe in pipes:
+            pipe.send(LISTEN)
+        if not await _all_say(READY, pipes, processes, stop):
+            return
+        for pipe in pipes:
+            pipe.close()
         host = "127.0.0.1" if config.host in ("0.0.0.0", "", "::") else config.host
         log.info(
             "hiveroute listening on http://%s:%d with %d workers (policy %s, state %s)",
@@ -139,7 +151,7 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
 
 
 async def _message(pipe: Connection) -> str:
-    """The worker's first word on its pipe ("ready" or why it failed), without a thread."""
+    """The next word on a pipe, without a thread ("exited" if the other end is gone)."""
     loop = asyncio.get_running_loop()
     readable = asyncio.Event()
     loop.add_reader(pipe.fileno(), readable.set)
@@ -150,13 +162,14 @@ async def _message(pipe: Connection) -> str:
     try:
         return str(pipe.recv())
     except EOFError:
-        return "exited before it was ready"
-    finally:
-        pipe.close()
+        return "exited"
 
 
-async def _wait_ready(pipes: list[Connection], processes: list[Any], stop: asyncio.Event) -> bool:
-    """True when every worker is ready; False when told to stop first; OSError if one failed."""
+async def _all_say(
+    word: str, pipes: list[Connection], processes: list[Any], stop: asyncio.Event
+) -> bool:
+    """True when every worker has said `word`; False when told to stop first; OSError if one
+    failed (its message says why) or they took longer than READY_TIMEOUT_S."""
     messages = asyncio.ensure_future(
         asyncio.wait_for(asyncio.gather(*(_message(p) for p in pipes)), READY_TIMEOUT_S)
     )
@@ -173,7 +186,7 @@ async def _wait_ready(pipes: list[Connection], processes: list[Any], stop: async
     except TimeoutError:
         raise OSError(f"the workers did not start in {READY_TIMEOUT_S:.0f} s") from None
     for process, message in zip(processes, found, strict=True):
-        if message != "ready":
+        if message != word:
             raise OSError(f"worker {process.name} failed: {message}")
     return True
 
@@ -207,29 +220,40 @@ async def _stop(processes: list[Any]) -> None:
 # --- in the worker --------------------------------------------------------------------------
 
 
-def worker_main(spec: WorkerSpec, ready: Connection) -> None:
+def worker_main(spec: WorkerSpec, parent: Connection) -> None:
     """A worker process: one whole router on the shared port."""
     configure_logging(spec.config.log_level)
     try:
-        runtime.run(_worker(spec, ready))
+        runtime.run(_worker(spec, parent))
     except Exception as exc:  # tell the parent why, once, rather than a silent exit
         with contextlib.suppress(OSError, ValueError):
-            ready.send(f"{type(exc).__name__}: {exc}")
+            parent.send(f"{type(exc).__name__}: {exc}")
         raise SystemExit(1) from None
 
 
-async def _worker(spec: WorkerSpec, ready: Connection) -> None:
+async def _worker(spec: WorkerSpec, parent: Connection) -> None:
     store = SharedStateClient(spec.state_path) if spec.state_path else None
     board = LoadBoard(spec.board_path, spec.index) if spec.board_path else None
     router = assemble(spec.config, store=store, board=board)
     siblings = Siblings(spec)
+
+    async def when_every_worker_is_assembled() -> None:
+        parent.send(ASSEMBLED)
+        word = await _message(parent)
+        if word != LISTEN:
+            raise OSError(f"the parent did not say to listen ({word})")
+
     running = await start_router(
-        spec.config, router=router, reuse_port=True, extend=siblings.extend
+        spec.config,
+        router=router,
+        reuse_port=True,
+        extend=siblings.extend,
+        before_listening=when_every_worker_is_assembled,
     )
     private = await _serve_private(router, spec.metrics_socket(spec.index))
     freeze_startup_objects()
-    ready.send("ready")
-    ready.close()
+    parent.send(READY)
+    parent.close()
     try:
         await wait_for_shutdown_signal()
     finally:

@@ -96,12 +96,13 @@ async def test_two_workers_serve_one_port_share_workflows_and_metrics_and_stop_o
 ) -> None:
     url, proc = two_workers
     served: dict[str, int] = {}
-    sent = 0
-    while len(served) < 2 and sent < 400:  # connections spread by source port: both soon
-        pid, status = await _post(url, "wf-shared", f"agent-{sent % 3}")
+    # Right after the first /health answer: no worker listens before both are assembled, so
+    # fresh connections (spread by source port) reach both (all 24 on one: p = 1e-7).
+    sent = 24
+    for i in range(sent):
+        pid, status = await _post(url, "wf-shared", f"agent-{i % 3}")
         assert status == 200
         served[pid] = served.get(pid, 0) + 1
-        sent += 1
     assert len(served) == 2, f"one worker served all {sent} requests"
     assert str(proc.pid) not in served  # workers serve, the parent does not
 
@@ -211,3 +212,46 @@ async def test_each_worker_counts_the_requests_its_siblings_hold_in_flight() -> 
                 proc.kill()
                 await proc.wait()
         await engine.stop()
+
+
+async def test_a_router_takes_no_connection_until_before_listening_returns() -> None:
+    """What keeps a worker off the port until its siblings are assembled (else the first to
+    listen takes every keep-alive connection opened meanwhile, and keeps them)."""
+    from hiveroute.config import RouterConfig
+    from hiveroute.server import start_router
+
+    port = free_port()
+    refused: list[bool] = []
+
+    async def before_listening() -> None:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            refused.append(False)
+        except OSError:
+            refused.append(True)
+
+    config = RouterConfig(engine=["http://127.0.0.1:9"], host="127.0.0.1", port=port).validate()
+    running = await start_router(config, before_listening=before_listening)
+    try:
+        assert refused == [True]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)  # now it listens
+        writer.close()
+    finally:
+        await running.stop()
+
+
+async def test_a_failure_before_listening_leaves_the_port_free() -> None:
+    from hiveroute.config import RouterConfig
+    from hiveroute.server import start_router
+
+    port = free_port()
+
+    async def parent_gone() -> None:
+        raise OSError("the parent did not say to listen (exited)")
+
+    config = RouterConfig(engine=["http://127.0.0.1:9"], host="127.0.0.1", port=port).validate()
+    with pytest.raises(OSError, match="did not say to listen"):
+        await start_router(config, before_listening=parent_gone)
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", port)
