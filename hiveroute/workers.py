@@ -6,11 +6,12 @@ worker is a whole router, assembled by hiveroute.assembly, listening on the port
 SO_REUSEPORT (the kernel spreads connections over them) and subscribing to the engines' KV events
 itself. No worker listens before every worker is assembled (each says so on its pipe and waits
 for the parent's word): a worker that listened first would take every keep-alive connection
-opened meanwhile, and keep them. The workers share what each has in flight on each engine (requests, prefill backlog) on
-a load board in shared memory (hiveroute.engines.load_board) that the parent lays out before they
-start, so each routes knowing its siblings' load. Each worker also serves its own /metrics and
-dashboard overview on a private Unix socket, so whichever worker answers `/metrics` or
-`/dashboard/api/overview` merges all of them: the page shows the whole router, not one worker.
+opened meanwhile, and keep them. The workers share what each has in flight on each engine
+(requests, prefill backlog) on a load board in shared memory (hiveroute.engines.load_board)
+that the parent lays out before they start, so each routes knowing its siblings' load. Each
+worker also serves its own /metrics and dashboard overview on a private Unix socket, so
+whichever worker answers `/metrics` or `/dashboard/api/overview` merges all of them: the page
+shows the whole router, not one worker.
 SIGTERM or SIGINT stops the workers; the parent waits.
 """
 
