@@ -6,6 +6,7 @@ import random
 import weakref
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -177,3 +178,15 @@ def test_the_cache_holds_at_most_its_token_budget_and_always_the_newest() -> Non
     assert len(cache) == 1 and cache.tokens == len(tok.encode_uncached(huge))
     # the survivor is the newest: encoding it again reuses it
     assert reused_tokens(tok.encode(huge + " more")) > 0
+
+
+def test_a_model_tokenizer_reports_each_token_start_as_its_offsets_say(
+    tokenizer_dir: Path,
+) -> None:
+    tok = HFTokenizer(tokenizer_dir)
+    text = "Plan the trip, then book it.\n  Two  spaces and 'quotes' ünïcödé."
+    ids, starts = tok._encode_with_offsets(text, True)
+    encoding = tok._tok.encode(text, add_special_tokens=True)
+    assert ids == encoding.ids
+    assert starts.tolist() == [start for start, _ in encoding.offsets]
+    assert starts.dtype == np.int64
