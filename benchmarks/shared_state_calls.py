@@ -6,8 +6,8 @@ Runs the workflow registry's per-request bookkeeping (`record_start`, then `fini
 for 8 workflows × 4 agents) against the in-process MemoryStateStore and against the store that
 `serve --workers` shares: a StateServer and a SharedStateClient on a Unix socket, both in this
 process, so the CPU time counts both sides of every call. Prints CPU µs per request (medians of
-`--reps`). Run it with PYTHONPATH set to another checkout to compare (the file only imports
-hiveroute).
+`--reps`). To measure another checkout, run this file as a script with that checkout first on
+the path (it imports only hiveroute): `PYTHONPATH=DIR python benchmarks/shared_state_calls.py`.
 """
 
 from __future__ import annotations
