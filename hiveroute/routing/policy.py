@@ -100,11 +100,10 @@ class Policy:
     ) -> Decision:
         """`decide` for a request the caller sends at once: the plugins hear `on_routed` after
         its bytes are on their way (two event-loop turns later: aiohttp writes a request on
-        the turn after it is sent), or before the policy prepares or decides another request
-        (or hears this one's first token or end), whichever comes first. What they do then
-        (speculating the prompt's blocks, the prefill ledger, the workflow's engines) serves
-        later decisions only, so this request does not wait for it, and no later decision
-        misses it."""
+        the turn after it is sent), or before the policy does anything else, whichever comes
+        first. What they do then (speculating the prompt's blocks, the prefill ledger, the
+        workflow's engines) serves later decisions only, so this request does not wait for it,
+        and no later decision misses it."""
         self.catch_up()
         decision = self.choose(request, candidates, state)
         self._behind.append((request, decision.engine, state))
@@ -124,13 +123,6 @@ class Policy:
                 except Exception:
                     log.exception("policy %s: on_routed failed for %s", self.name, engine.name)
 
-    def _catch_up_with(self, state: CycleState) -> None:
-        """Catch up only if the request of `state` is still behind: its first token or its end
-        must follow its own `on_routed`, but need not wait for its siblings' (a burst's first
-        answer would otherwise carry the bookkeeping of every request decided since)."""
-        if any(pending is state for _, _, pending in self._behind):
-            self.catch_up()
-
     async def route(
         self, request: RoutingRequest, candidates: list[Engine]
     ) -> tuple[Decision, CycleState]:
@@ -145,13 +137,13 @@ class Policy:
             plugin.on_routed(request, engine, state)
 
     def on_first_token(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
-        self._catch_up_with(state)
+        self.catch_up()
         for plugin in self.plugins:
             plugin.on_first_token(request, engine, state)
 
     def on_completed(
         self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
     ) -> None:
-        self._catch_up_with(state)
+        self.catch_up()
         for plugin in self.plugins:
             plugin.on_completed(request, outcome, state)

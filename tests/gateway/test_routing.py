@@ -114,9 +114,6 @@ class _Heard(MaxScorePicker):
     def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
         self.heard.append(("routed", request.request_id))
 
-    def on_first_token(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
-        self.heard.append(("first_token", request.request_id))
-
     def on_completed(
         self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
     ) -> None:
@@ -147,10 +144,9 @@ async def test_a_request_sent_at_once_leaves_its_bookkeeping_until_its_bytes_are
     assert picker.heard == [("routed", "a")]
 
     policy.decide_then_send(_named("b"), candidates, CycleState())
-    c_state = CycleState()
-    policy.decide_then_send(_named("c"), candidates, c_state)  # b is heard before c decides
+    policy.decide_then_send(_named("c"), candidates, CycleState())  # b is heard before c decides
     assert picker.heard[-1] == ("routed", "b")
-    policy.on_completed(_named("c"), RequestOutcome(engine=None, status=502), c_state)
+    policy.on_completed(_named("c"), RequestOutcome(engine=None, status=502), CycleState())
     assert picker.heard[-2:] == [("routed", "c"), ("completed", "c")]  # routed, then completed
 
 
@@ -171,26 +167,3 @@ async def test_a_failing_deferred_bookkeeping_is_logged_and_the_rest_still_runs(
     policy.catch_up()
     assert picker.heard == [("routed", "good")]
     assert "on_routed failed" in caplog.text and "bookkeeping broke" in caplog.text
-
-
-async def test_a_first_token_or_an_end_waits_for_its_own_bookkeeping_only() -> None:
-    """A burst's first answer does not carry the bookkeeping of every request decided since."""
-    pool = make_pool(2)
-    picker = _Heard()
-    policy = Policy("p", picker=picker)
-    candidates = pool.candidates(None)
-    a_state, b_state = CycleState(), CycleState()
-    policy.decide_then_send(_named("a"), candidates, a_state)
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)  # a's bookkeeping is done
-    policy.decide_then_send(_named("b"), candidates, b_state)  # b's is pending
-    engine = pool.engines[0]
-    policy.on_first_token(_named("a"), engine, a_state)
-    policy.on_completed(_named("a"), RequestOutcome(engine=engine, status=200), a_state)
-    assert picker.heard == [
-        ("routed", "a"),
-        ("first_token", "a"),
-        ("completed", "a"),
-    ]  # b's stays pending
-    policy.on_first_token(_named("b"), engine, b_state)  # b's own: caught up first
-    assert picker.heard[-2:] == [("routed", "b"), ("first_token", "b")]
