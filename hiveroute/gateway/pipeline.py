@@ -312,7 +312,7 @@ class RequestPipeline:
             if not candidates:
                 break
             if inbound.generation:
-                decision = ex.decision = policy.decide_then_send(request, candidates, ex.state)
+                decision = ex.decision = policy.decide(request, candidates, ex.state)
                 ex.decided = True
             else:
                 least = min(candidates, key=lambda e: e.load.in_flight)
