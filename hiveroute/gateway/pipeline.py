@@ -312,6 +312,10 @@ class RequestPipeline:
             if not candidates:
                 break
             if inbound.generation:
+                # `decide` runs the plugins' on_routed before this request counts in flight:
+                # the TTFT ledger snapshots the engine's queue there, as the decision saw it
+                # (run after the send, it counted the request itself and the predictor's fits
+                # drifted apart: an engine starved in the matrix, benchmarks/results/matrix_notes.md)
                 decision = ex.decision = policy.decide(request, candidates, ex.state)
                 ex.decided = True
             else:
