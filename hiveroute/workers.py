@@ -107,6 +107,7 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
     reserved = reserve_port(config.host, config.port)
     state: StateServer | None = None
     processes: list[multiprocessing.process.BaseProcess] = []
+    pipes: list[Connection] = []  # the parent's end of each worker's pipe, for start-up only
     try:
         config.port = int(reserved.getsockname()[1])
         LoadBoard.create(board, count)
@@ -114,7 +115,6 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
             state = StateServer(os.path.join(run_dir, "state.sock"))
             await state.start()
         context = multiprocessing.get_context("spawn")
-        pipes: list[Connection] = []
         for index in range(count):
             spec = WorkerSpec(config, index, count, run_dir, state.path if state else None, board)
             ours, theirs = context.Pipe(duplex=True)
@@ -144,6 +144,8 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
         )
         await _until_stop_or_exit(processes, stop)
     finally:
+        for pipe in pipes:  # when a worker failed or a stop came during start-up (closing twice
+            pipe.close()  # is harmless)
         await _stop(processes)
         if state is not None:
             await state.stop()

@@ -529,8 +529,10 @@ class KvIndex:
             for engine in (*entry.holders, *entry.spec):
                 self._changed(engine)
                 self._lost(engine)
-            for engine in entry.spec:
-                self._speculation_evicted_at[engine] = self.clock()
+            if entry.spec:
+                evicted_at = self.clock()
+                for engine in entry.spec:
+                    self._speculation_evicted_at[engine] = evicted_at
             for engine, tiers in entry.holders.items():
                 state = self._engines.get(engine)
                 if state is not None:
