@@ -312,11 +312,11 @@ class RequestPipeline:
             if not candidates:
                 break
             if inbound.generation:
-                # `decide` runs the plugins' on_routed before this request counts in flight:
-                # the TTFT ledger snapshots the engine's queue there, as the decision saw it
-                # (run after the send, it counted the request itself and the predictor's fits
-                # drifted apart: an engine starved in the matrix, benchmarks/results/matrix_notes.md)
-                decision = ex.decision = policy.decide(request, candidates, ex.state)
+                # the plugins' on_routed runs once the request is written, off its path; what
+                # must be read at the decision (each engine's load, which then counts this
+                # request in flight) the price kept (EngineLoad; read after the send, it
+                # starved an engine: benchmarks/results/matrix_notes.md, session 35)
+                decision = ex.decision = policy.decide_then_send(request, candidates, ex.state)
                 ex.decided = True
             else:
                 least = min(candidates, key=lambda e: e.load.in_flight)

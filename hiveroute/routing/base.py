@@ -161,7 +161,10 @@ class Plugin:
         """Async work before the (synchronous) decision, e.g. tokenizing the prompt."""
 
     def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
-        """The request was sent to `engine` (may be called again on a retry)."""
+        """The request was sent to `engine` (may be called again on a retry). The router calls
+        it once the request is written (`Policy.decide_then_send`), when the engine already
+        counts it in flight: what must be seen as the decision saw it, keep in the state then
+        (a price keeps the engine's load it read)."""
 
     def on_first_token(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
         """A streamed request's first token arrived: its prefill is over (not called for

@@ -34,7 +34,13 @@ from hiveroute.routing.base import (
     StateKey,
     load_bound,
 )
-from hiveroute.routing.cost import PRICES_KEY, CachedPrompt, RoutingCost, scores_from_costs
+from hiveroute.routing.cost import (
+    PRICES_KEY,
+    CachedPrompt,
+    RoutingCost,
+    priced_load,
+    scores_from_costs,
+)
 from hiveroute.routing.live_set import LiveSet
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.request_tokens import (
@@ -259,7 +265,9 @@ class KvTtftScorer(_CacheScorer):
         m = self.match(request, engine, state)
         tokens = self.matcher.tokens(request, state)
         n_tokens = len(tokens) if tokens else 0
-        self.ledger.routed(engine, n_tokens - m.tokens, state, min(m.lower_tokens, n_tokens))
+        lower = min(m.lower_tokens, n_tokens)
+        load = priced_load(state, engine)
+        self.ledger.routed(engine, n_tokens - m.tokens, state, lower, load=load)
         size = self.matcher.block_size(engine)
         if tokens and size is not None:
             keys = request_block_keys(request, state, tokens, size)

@@ -71,7 +71,7 @@ from hiveroute.routing.base import CycleState, StateKey
 from hiveroute.routing.live_set import LiveSet
 from hiveroute.routing.retention import Retention
 from hiveroute.routing.sharing import SharedPrefixes
-from hiveroute.routing.ttft_ledger import TtftLedger
+from hiveroute.routing.ttft_ledger import EngineLoad, TtftLedger
 
 # set once the request's return (or new context) has been counted by `Retention` and the
 # prefix it built on by `SharedPrefixes`
@@ -95,6 +95,7 @@ class EngineCost:
     evict_s: float
     lost_s: float
     live_blocks: int
+    load: EngineLoad  # what ttft_s was predicted against
 
     @property
     def total_s(self) -> float:
@@ -168,9 +169,10 @@ class RoutingCost:
         lower = min(cached.lower_tokens, held)
         uncached = n_tokens - held
         written = n_tokens - (held - lower)  # lower-tier blocks come back into the GPU too
-        ttft = self.ledger.predict(engine, uncached, lower)
+        queued = self.ledger.load(engine)
+        ttft = self.ledger.predict(engine, uncached, lower, queued)
         prefill_s = self.ledger.prefill_seconds(engine, uncached, lower)
-        delay = prefill_s * (self.ledger.decoding(engine) + 1.0)
+        delay = prefill_s * (queued.queue_depth + 1.0)
         token_s = self.ledger.predictor.prefill_cost(engine.name)
         live_blocks = self.live.blocks(engine.name)
         load = self._load(engine, live_blocks)
@@ -179,7 +181,7 @@ class RoutingCost:
         lost = (
             token_s * n_tokens * dropped * self.retention.returns_per_context() if dropped else 0.0
         )
-        return EngineCost(engine, held, written, ttft, delay, evict, lost, live_blocks)
+        return EngineCost(engine, held, written, ttft, delay, evict, lost, live_blocks, queued)
 
     def with_copies(
         self,
@@ -239,6 +241,14 @@ class RoutingCost:
             if built_on is not None:
                 self.sharing.built_on(*built_on)
         self.retention.placed(engine.name, keys)
+
+
+def priced_load(state: CycleState, engine: Engine) -> EngineLoad | None:
+    """The load `engine`'s price in this cycle saw (None when no cost scorer priced it)."""
+    for cost in state.get(PRICES_KEY, ()):
+        if cost.engine is engine:
+            return cost.load
+    return None
 
 
 def prices_for_log(prices: Sequence[EngineCost]) -> dict[str, dict[str, float]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,6 +22,8 @@ from hiveroute.routing.base import (
 )
 
 REASON_KEY: StateKey[str] = StateKey("reason")  # why the cycle chose as it did
+
+log = logging.getLogger("hiveroute.routing")
 
 
 @dataclass
@@ -45,12 +49,15 @@ class Policy:
         self.scorers = list(scorers)
         self.picker = picker
         self.default_reason = default_reason
+        # requests decided by `decide_then_send` whose plugins have not heard `on_routed` yet
+        self._behind: list[tuple[RoutingRequest, Engine, CycleState]] = []
 
     @property
     def plugins(self) -> list[Plugin]:
         return [*self.filters, *(w.scorer for w in self.scorers), self.picker]
 
     async def prepare(self, request: RoutingRequest, state: CycleState) -> None:
+        self.catch_up()
         for plugin in self.plugins:
             await plugin.prepare(request, state)
 
@@ -83,9 +90,47 @@ class Policy:
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
     ) -> Decision:
         """One attempt: choose, then tell every plugin where the request goes (`on_routed`)."""
+        self.catch_up()
         decision = self.choose(request, candidates, state)
         self.on_routed(request, decision.engine, state)
         return decision
+
+    def decide_then_send(
+        self, request: RoutingRequest, candidates: list[Engine], state: CycleState
+    ) -> Decision:
+        """`decide` for a request the caller sends at once: the plugins hear `on_routed` after
+        its bytes are on their way (two event-loop turns later: aiohttp writes a request on
+        the turn after it is sent), or before the policy prepares or decides another request
+        (or hears this one's first token or end), whichever comes first. What they do then
+        (speculating the prompt's blocks, the prefill ledger, the workflow's engines) serves
+        later decisions only, so this request does not wait for it, and no later decision
+        misses it. By then the engine counts the request in flight: the TTFT ledger learns
+        against the load the decision's price read (`EngineCost.load`), not the load then."""
+        self.catch_up()
+        decision = self.choose(request, candidates, state)
+        self._behind.append((request, decision.engine, state))
+        if len(self._behind) == 1:
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self.catch_up)
+        return decision
+
+    def catch_up(self) -> None:
+        """Tell the plugins where the requests `decide_then_send` left behind went, in order.
+        A plugin's failure is logged, not raised: the request it concerns is on its way."""
+        while self._behind:
+            behind, self._behind = self._behind, []
+            for request, engine, state in behind:
+                try:
+                    self.on_routed(request, engine, state)
+                except Exception:
+                    log.exception("policy %s: on_routed failed for %s", self.name, engine.name)
+
+    def _catch_up_with(self, state: CycleState) -> None:
+        """Catch up only if the request of `state` is still behind: its first token or its end
+        must follow its own `on_routed`, but need not wait for its siblings' (a burst's first
+        answer would otherwise carry the bookkeeping of every request decided since)."""
+        if any(pending is state for _, _, pending in self._behind):
+            self.catch_up()
 
     async def route(
         self, request: RoutingRequest, candidates: list[Engine]
@@ -101,11 +146,13 @@ class Policy:
             plugin.on_routed(request, engine, state)
 
     def on_first_token(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
+        self._catch_up_with(state)
         for plugin in self.plugins:
             plugin.on_first_token(request, engine, state)
 
     def on_completed(
         self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
     ) -> None:
+        self._catch_up_with(state)
         for plugin in self.plugins:
             plugin.on_completed(request, outcome, state)

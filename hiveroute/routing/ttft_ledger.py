@@ -12,6 +12,8 @@ plugins counts each routed request once and learns from each TTFT once.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hiveroute.engines.engine import Engine
 from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, RequestOutcome, RoutingRequest, StateKey
@@ -23,6 +25,17 @@ from hiveroute.routing.ttft import (
 
 # RoutedFeatures of the chosen engine, for learning
 ROUTED_KEY: StateKey[RoutedFeatures] = StateKey("ttft_routed")
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What an engine's TTFT is predicted against: the requests decoding there and the prompt
+    tokens sent there and not yet prefilled (drained at its prefill rate). A price keeps the
+    load it saw, so the TTFT that follows is learned against the same load, however late the
+    plugins hear where the request went (by then it counts in flight there itself)."""
+
+    queue_depth: float
+    backlog_tokens: float
 
 
 class TtftLedger:
@@ -40,17 +53,27 @@ class TtftLedger:
         # count an engine's backlog as drained at its learned prefill rate (backlog.py)
         self.drain_backlog = drain_backlog
 
-    def _features(self, engine: Engine, uncached: int) -> tuple[float, float]:
+    def load(self, engine: Engine) -> EngineLoad:
+        """`engine`'s load now, as a prediction reads it."""
         rate = self.predictor.prefill_cost(engine.name) if self.drain_backlog else None
-        return self.backlog.features(engine, uncached, rate)
+        queue, backlog = self.backlog.features(engine, 0, rate)
+        return EngineLoad(queue, backlog)
 
-    def predict(self, engine: Engine, uncached: int, lower_tier_tokens: int = 0) -> float:
-        """Seconds to the first token of a request with `uncached` tokens to prefill there."""
-        queue, to_prefill = self._features(engine, max(0, uncached))
+    def predict(
+        self,
+        engine: Engine,
+        uncached: int,
+        lower_tier_tokens: int = 0,
+        load: EngineLoad | None = None,
+    ) -> float:
+        """Seconds to the first token of a request with `uncached` tokens to prefill there,
+        at `load` (default: the engine's load now)."""
+        if load is None:
+            load = self.load(engine)
         return self.predictor.predict(
             engine.name,
-            queue_depth=queue,
-            uncached_tokens=to_prefill,
+            queue_depth=load.queue_depth,
+            uncached_tokens=load.backlog_tokens + max(0, uncached),
             lower_tier_tokens=lower_tier_tokens,
         )
 
@@ -63,19 +86,25 @@ class TtftLedger:
             lower_tier_tokens=lower_tier_tokens,
         ).prefill_s
 
-    def decoding(self, engine: Engine) -> float:
-        """Requests decoding on `engine` (in flight and past their first token)."""
-        queue, _ = self.backlog.features(engine, 0)
-        return queue
-
     def routed(
-        self, engine: Engine, uncached: int, state: CycleState, lower_tier_tokens: int = 0
+        self,
+        engine: Engine,
+        uncached: int,
+        state: CycleState,
+        lower_tier_tokens: int = 0,
+        *,
+        load: EngineLoad | None = None,
     ) -> None:
         """The request goes to `engine` with `uncached` tokens to prefill: remember what its
-        TTFT will be learned against, then add it to the engine's backlog."""
+        TTFT will be learned against (`load`, the engine's load when the decision priced it;
+        default: now, for a caller that runs before the request counts in flight), then add it
+        to the engine's backlog."""
         uncached = max(0, uncached)
-        queue, to_prefill = self._features(engine, 0)
-        state[ROUTED_KEY] = RoutedFeatures(queue, to_prefill, uncached, lower_tier_tokens)
+        if load is None:
+            load = self.load(engine)
+        state[ROUTED_KEY] = RoutedFeatures(
+            load.queue_depth, load.backlog_tokens, uncached, lower_tier_tokens
+        )
         self.backlog.add(engine.name, uncached, state)  # replaces an earlier attempt's entry
 
     def first_token(self, state: CycleState) -> None:

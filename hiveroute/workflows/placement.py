@@ -49,7 +49,7 @@ from hiveroute.routing.base import (
     StateKey,
 )
 from hiveroute.routing.cache_aware import PrefixMatcher, decision_memory
-from hiveroute.routing.cost import PRICES_KEY, CachedPrompt, scores_from_costs
+from hiveroute.routing.cost import PRICES_KEY, CachedPrompt, priced_load, scores_from_costs
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.registry import PluginContext
 from hiveroute.routing.request_tokens import PREFIX_MATCH_KEY, TOKEN_IDS_KEY, request_block_keys
@@ -289,7 +289,7 @@ class WorkflowPlacementScorer(Scorer):
         n = self.tokens(request, state)
         held: dict[str, CachedPrompt] = state.get(HELD_KEY) or {}
         found = held.get(engine.name) or self.known(request, state, engine)
-        self.ledger.routed(engine, n - found.tokens, state)
+        self.ledger.routed(engine, n - found.tokens, state, load=priced_load(state, engine))
         events = self.matcher.block_size(engine) is not None
         self.matcher.speculate(request, engine, state, None)  # siblings see it before events
         if not events:  # no events from this engine (yet): remember the decision instead

@@ -1,12 +1,15 @@
+import asyncio
 from collections import Counter
 
 import pytest
 
-from hiveroute.engines.engine import EngineSpec
+from hiveroute.engines.engine import Engine, EngineSpec
 from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import ConfigError, NoEngineAvailable
 from hiveroute.metadata import RequestMetadata
-from hiveroute.routing.base import CycleState, RoutingRequest
+from hiveroute.routing.base import CycleState, RequestOutcome, RoutingRequest
+from hiveroute.routing.pickers import MaxScorePicker
+from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, build_policy
 
 
@@ -99,3 +102,95 @@ def test_no_candidates_is_no_engine_available() -> None:
     policy = build_policy("least_load", PluginContext(pool))
     with pytest.raises(NoEngineAvailable):
         policy.choose(request(), [], CycleState())
+
+
+class _Heard(MaxScorePicker):
+    """A picker that records the bookkeeping calls it hears, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heard: list[tuple[str, str]] = []
+
+    def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
+        self.heard.append(("routed", request.request_id))
+
+    def on_first_token(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
+        self.heard.append(("first_token", request.request_id))
+
+    def on_completed(
+        self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
+    ) -> None:
+        self.heard.append(("completed", request.request_id))
+
+
+def _named(request_id: str) -> RoutingRequest:
+    return RoutingRequest(
+        request_id=request_id,
+        path="/v1/completions",
+        body={"prompt": "x"},
+        metadata=RequestMetadata(),
+    )
+
+
+async def test_a_request_sent_at_once_leaves_its_bookkeeping_until_its_bytes_are_out() -> None:
+    """decide_then_send: `on_routed` runs two loop turns later (aiohttp writes a request on the
+    turn after it is sent), or before anything else the policy does, in order."""
+    pool = make_pool(2)
+    picker = _Heard()
+    policy = Policy("p", picker=picker)
+    candidates = pool.candidates(None)
+    policy.decide_then_send(_named("a"), candidates, CycleState())
+    assert picker.heard == []  # not on the request's own path
+    await asyncio.sleep(0)
+    assert picker.heard == []  # the turn aiohttp writes the request on
+    await asyncio.sleep(0)
+    assert picker.heard == [("routed", "a")]
+
+    policy.decide_then_send(_named("b"), candidates, CycleState())
+    c_state = CycleState()
+    policy.decide_then_send(_named("c"), candidates, c_state)  # b is heard before c decides
+    assert picker.heard[-1] == ("routed", "b")
+    policy.on_completed(_named("c"), RequestOutcome(engine=None, status=502), c_state)
+    assert picker.heard[-2:] == [("routed", "c"), ("completed", "c")]  # routed, then completed
+
+
+async def test_a_failing_deferred_bookkeeping_is_logged_and_the_rest_still_runs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Failing(_Heard):
+        def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
+            if request.request_id == "bad":
+                raise RuntimeError("bookkeeping broke")
+            super().on_routed(request, engine, state)
+
+    pool = make_pool(2)
+    picker = Failing()
+    policy = Policy("p", picker=picker)
+    policy.decide_then_send(_named("bad"), pool.candidates(None), CycleState())
+    policy.decide_then_send(_named("good"), pool.candidates(None), CycleState())
+    policy.catch_up()
+    assert picker.heard == [("routed", "good")]
+    assert "on_routed failed" in caplog.text and "bookkeeping broke" in caplog.text
+
+
+async def test_a_first_token_or_an_end_waits_for_its_own_bookkeeping_only() -> None:
+    """A burst's first answer does not carry the bookkeeping of every request decided since."""
+    pool = make_pool(2)
+    picker = _Heard()
+    policy = Policy("p", picker=picker)
+    candidates = pool.candidates(None)
+    a_state, b_state = CycleState(), CycleState()
+    policy.decide_then_send(_named("a"), candidates, a_state)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # a's bookkeeping is done
+    policy.decide_then_send(_named("b"), candidates, b_state)  # b's is pending
+    engine = pool.engines[0]
+    policy.on_first_token(_named("a"), engine, a_state)
+    policy.on_completed(_named("a"), RequestOutcome(engine=engine, status=200), a_state)
+    assert picker.heard == [
+        ("routed", "a"),
+        ("first_token", "a"),
+        ("completed", "a"),
+    ]  # b's stays pending
+    policy.on_first_token(_named("b"), engine, b_state)  # b's own: caught up first
+    assert picker.heard[-2:] == [("routed", "b"), ("first_token", "b")]

@@ -22,7 +22,7 @@ from hiveroute.routing.registry import PluginContext, PluginRegistry, build_poli
 from hiveroute.routing.request_tokens import PREFIX_MATCH_KEY, TOKEN_IDS_KEY
 from hiveroute.routing.retention import Retention
 from hiveroute.routing.ttft import RoutedFeatures, TtftPredictor, learn_ttft
-from hiveroute.routing.ttft_ledger import TtftLedger
+from hiveroute.routing.ttft_ledger import ROUTED_KEY, TtftLedger
 from hiveroute.workflows.placement import WorkflowPlacementScorer
 from tests.support.workflows import workflow_service
 
@@ -531,3 +531,29 @@ def test_the_cache_size_an_engine_reports_prices_evictions_before_it_ever_evicts
     live.touch(engine.name, list(range(5)))  # half its 10 blocks hold live contexts
     priced = cost.price(engine, 1000, CachedPrompt())
     assert priced.evict_s == pytest.approx(1000 * 1e-4 * 0.5)
+
+
+@pytest.mark.parametrize("scorer", ["kv_ttft", "workflow_placement"])
+async def test_a_ttft_is_learned_against_the_load_the_decision_priced(scorer: str) -> None:
+    """The plugins hear where a request went after it is sent (`decide_then_send`), when its
+    engine already counts it in flight. Learning its TTFT against the load read then taught
+    each engine's predictor a queue one deeper than its decisions saw, and an engine starved."""
+    custom = {"one": {"scorers": [{"name": scorer}]}}
+    pool = EnginePool([EngineSpec(f"http://127.0.0.1:{8100 + i}") for i in range(2)])
+    svc = PluginContext(pool, tokenizer=BuiltinTokenizer(), kv_index=KvIndex())
+    plugins = PluginRegistry()
+    workflows = workflow_service(pool)
+    plugins.register(
+        "workflow_placement", lambda ctx, **kw: WorkflowPlacementScorer(ctx, workflows, **kw)
+    )
+    policy = build_policy("one", svc, custom, plugins)
+    req = request()
+    state = CycleState()
+    await policy.prepare(req, state)
+    decision = policy.decide_then_send(req, pool.candidates("m"), state)
+    decision.engine.load.in_flight += 1  # the pipeline sends it
+    policy.catch_up()
+    routed = state[ROUTED_KEY]
+    assert routed.queue_depth == 0.0  # the idle engine the price saw, not the request itself
+    assert routed.backlog_tokens == 0.0
+    assert svc.costs.backlog.of(decision.engine.name)[1] == 1  # and it is in the backlog
