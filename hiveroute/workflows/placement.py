@@ -144,7 +144,7 @@ class WorkflowPlacementScorer(Scorer):
             return
         state[VIEW_KEY] = view
         if tokens:
-            self.learn_shared_prefix(view, self._chain(request, state, tokens))
+            self.shorten_shared_prefix(view, self._chain(request, state, tokens))
         pool = self.pool
         candidates = pool.candidates(request.model)
         if not candidates:
@@ -165,22 +165,33 @@ class WorkflowPlacementScorer(Scorer):
             state[REASON_KEY] = "workflow_home_moved"
 
     @staticmethod
-    def learn_shared_prefix(view: WorkflowView, chain: list[BlockKey]) -> None:
-        """Shorten the workflow's shared prefix to what this prompt shares with it (the first
-        prompt seen is all of it): the part its engines all served."""
+    def shorten_shared_prefix(view: WorkflowView, chain: list[BlockKey]) -> None:
+        """Before pricing a prompt: shorten the workflow's shared prefix to what this prompt
+        shares with it, so its engines are credited only with what the prompt begins with."""
         if view.shared_chain is None:
-            view.shared_chain = chain
             return
         n = common_blocks(view.shared_chain, chain)
         if n < len(view.shared_chain):
             view.shared_chain = view.shared_chain[:n]
 
-    def shared_prefix_tokens(self, view: WorkflowView) -> int:
-        """Tokens every prompt of the workflow began with: learnt from their block keys, or
-        estimated from the text they began with where prompts were not tokenized."""
+    @staticmethod
+    def learn_shared_prefix(view: WorkflowView, chain: list[BlockKey]) -> None:
+        """Once a prompt is routed: the workflow's first routed prompt is all of its shared
+        prefix (later ones shorten it). A prompt not sent yet is served by no engine: crediting
+        the first one to the home it was about to go to priced every new workflow's first
+        prefill as a cache hit there, and kept its tokens out of the home's prefill backlog."""
+        if view.shared_chain is None:
+            view.shared_chain = chain
+
+    def shared_prefix_tokens(self, view: WorkflowView, *, tokenized: bool = True) -> int:
+        """Tokens every routed prompt of the workflow began with, learnt from their block keys
+        (none before its first prompt is routed); where prompts are not tokenized, estimated
+        from the text they began with."""
         if view.shared_chain is not None:
             return len(view.shared_chain) * PARENT_BLOCK
-        return int(len(view.warm_text) / self.chars_per_token) if view.warm_text else 0
+        if tokenized or not view.warm_text:
+            return 0
+        return int(len(view.warm_text) / self.chars_per_token)
 
     # --- the decision ---------------------------------------------------------------------
 
@@ -245,7 +256,8 @@ class WorkflowPlacementScorer(Scorer):
                 )
         if view is None:
             return held
-        warm = self.shared_prefix_tokens(view)
+        ids = state.get(TOKEN_IDS_KEY)
+        warm = self.shared_prefix_tokens(view, tokenized=bool(ids))
         for name in view.engines:
             known = held.get(name)
             if known is not None:
@@ -304,6 +316,8 @@ class WorkflowPlacementScorer(Scorer):
         service = self.service
         meta = request.metadata
         chain = self._chain(request, state, tokens) if isinstance(tokens, list) else []
+        if view is not None and chain:
+            self.learn_shared_prefix(view, chain)
         self.parents.routed(
             Parents.own_keys(meta, request.request_id, request.tenant), engine.name, chain
         )

@@ -15,6 +15,8 @@ from hiveroute.kvindex.events import BlockStored
 from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, RequestOutcome, RoutingRequest
+from hiveroute.routing.cost import PRICES_KEY
+from hiveroute.routing.request_tokens import TOKEN_IDS_KEY
 from hiveroute.workflows.placement import PREDICTED_KEY, WorkflowPlacementScorer
 from hiveroute.workflows.service import WorkflowService
 
@@ -216,6 +218,21 @@ async def test_a_workflows_shared_prefix_is_what_all_its_prompts_began_with() ->
     await route(router, request("role", "executor", "r1", context="executor. " + SHARED), done=True)
     role_view = await service.registry.view(scoped(None, "role"))
     assert role_view is not None and scorer.shared_prefix_tokens(role_view) < PARENT_BLOCK
+
+
+async def test_a_new_workflows_first_prompt_is_priced_as_a_miss_on_its_home() -> None:
+    """Nothing of a workflow's first prompt is on any engine yet: its home is not credited with
+    it (it was, as the workflow's shared prefix), and its whole prefill joins the home's
+    backlog, where the next request's price sees it."""
+    router, _ = make_router(n=2)
+    first = request("fresh", "planner", "f0", own=50)
+    for hook in router.pipeline.hooks:
+        await hook.before_route(first)
+    decision, state = await router.policy.route(first, router.pool.candidates(None))
+    n_tokens = len(state[TOKEN_IDS_KEY])
+    prices = {c.engine.name: c for c in state[PRICES_KEY]}
+    assert prices[decision.engine.name].cached_tokens == 0
+    assert router.costs.backlog.of(decision.engine.name) == (n_tokens, 1)
 
 
 async def test_a_pending_prefill_counts_until_its_first_token() -> None:
