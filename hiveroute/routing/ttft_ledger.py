@@ -60,16 +60,10 @@ class TtftLedger:
         return EngineLoad(queue, backlog)
 
     def predict(
-        self,
-        engine: Engine,
-        uncached: int,
-        lower_tier_tokens: int = 0,
-        load: EngineLoad | None = None,
+        self, engine: Engine, uncached: int, lower_tier_tokens: int, load: EngineLoad
     ) -> float:
         """Seconds to the first token of a request with `uncached` tokens to prefill there,
-        at `load` (default: the engine's load now)."""
-        if load is None:
-            load = self.load(engine)
+        at `load` (`load(engine)`, kept by the price that asks)."""
         return self.predictor.predict(
             engine.name,
             queue_depth=load.queue_depth,

@@ -245,19 +245,20 @@ class WorkflowPlacementScorer(Scorer):
         engine sends KV events: then its index says what it still holds (a conversation's
         history evicted between turns is not there)."""
         held = {e.name: self.known(request, state, e) for e in candidates}
+        tokens = state.get(TOKEN_IDS_KEY)
         parent: Seen | None = state.get(PARENT_KEY)
-        if parent is not None and parent.engine in held and not self.has_events(parent.engine):
-            tokens = state.get(TOKEN_IDS_KEY)
-            if isinstance(tokens, list):
-                shared = shared_tokens(parent.chain, self._chain(request, state, tokens))
-                found = held[parent.engine]
-                held[parent.engine] = CachedPrompt(
-                    max(found.gpu_tokens, shared), found.lower_tokens
-                )
+        if (
+            parent is not None
+            and parent.engine in held
+            and isinstance(tokens, list)
+            and not self.has_events(parent.engine)
+        ):
+            shared = shared_tokens(parent.chain, self._chain(request, state, tokens))
+            found = held[parent.engine]
+            held[parent.engine] = CachedPrompt(max(found.gpu_tokens, shared), found.lower_tokens)
         if view is None:
             return held
-        ids = state.get(TOKEN_IDS_KEY)
-        warm = self.shared_prefix_tokens(view, tokenized=bool(ids))
+        warm = self.shared_prefix_tokens(view, tokenized=bool(tokens))
         for name in view.engines:
             known = held.get(name)
             if known is not None:

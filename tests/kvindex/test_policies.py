@@ -48,6 +48,20 @@ def make(
     return pool, build_policy(policy, svc), svc
 
 
+def with_scorers(*scorers: str) -> tuple[EnginePool, Policy, PluginContext]:
+    """Two engines and a policy of `scorers` (`workflow_placement` among them needs the
+    workflow service the router would give it)."""
+    pool = EnginePool([EngineSpec(f"http://127.0.0.1:{8100 + i}") for i in range(2)])
+    svc = PluginContext(pool, tokenizer=BuiltinTokenizer(), kv_index=KvIndex())
+    plugins = PluginRegistry()
+    workflows = workflow_service(pool)
+    plugins.register(
+        "workflow_placement", lambda ctx, **kw: WorkflowPlacementScorer(ctx, workflows, **kw)
+    )
+    custom = {"custom": {"scorers": [{"name": name} for name in scorers]}}
+    return pool, build_policy("custom", svc, custom, plugins), svc
+
+
 def request(prompt: str = PROMPT, rid: str = "r", **meta: Any) -> RoutingRequest:
     body = {"model": "m", "prompt": prompt, "stream": True}
     return RoutingRequest(rid, "/v1/completions", body, RequestMetadata(**meta))
@@ -414,15 +428,7 @@ async def test_two_predicting_scorers_in_one_policy_count_a_request_once() -> No
     """`kv_ttft` and `workflow_placement` share the router's backlog, live set and predictor:
     one routed request is one backlog entry and one observation, however many plugins see
     it."""
-    custom = {"both": {"scorers": [{"name": "kv_ttft"}, {"name": "workflow_placement"}]}}
-    pool = EnginePool([EngineSpec(f"http://127.0.0.1:{8100 + i}") for i in range(2)])
-    svc = PluginContext(pool, tokenizer=BuiltinTokenizer(), kv_index=KvIndex())
-    plugins = PluginRegistry()
-    workflows = workflow_service(pool)
-    plugins.register(
-        "workflow_placement", lambda ctx, **kw: WorkflowPlacementScorer(ctx, workflows, **kw)
-    )
-    policy = build_policy("both", svc, custom, plugins)
+    pool, policy, svc = with_scorers("kv_ttft", "workflow_placement")
     req = request()
     decision, state = await route(policy, pool, req)
     engine = decision.engine
@@ -538,15 +544,7 @@ async def test_a_ttft_is_learned_against_the_load_the_decision_priced(scorer: st
     """The plugins hear where a request went after it is sent (`decide_then_send`), when its
     engine already counts it in flight. Learning its TTFT against the load read then taught
     each engine's predictor a queue one deeper than its decisions saw, and an engine starved."""
-    custom = {"one": {"scorers": [{"name": scorer}]}}
-    pool = EnginePool([EngineSpec(f"http://127.0.0.1:{8100 + i}") for i in range(2)])
-    svc = PluginContext(pool, tokenizer=BuiltinTokenizer(), kv_index=KvIndex())
-    plugins = PluginRegistry()
-    workflows = workflow_service(pool)
-    plugins.register(
-        "workflow_placement", lambda ctx, **kw: WorkflowPlacementScorer(ctx, workflows, **kw)
-    )
-    policy = build_policy("one", svc, custom, plugins)
+    pool, policy, svc = with_scorers(scorer)
     req = request()
     state = CycleState()
     await policy.prepare(req, state)
