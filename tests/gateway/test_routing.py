@@ -17,10 +17,12 @@ def make_pool(n: int) -> EnginePool:
     return EnginePool([EngineSpec(url=f"http://10.0.0.{i}:8000") for i in range(n)])
 
 
-def request(session: str | None = None, workflow: str | None = None) -> RoutingRequest:
+def request(
+    session: str | None = None, workflow: str | None = None, *, request_id: str = "r"
+) -> RoutingRequest:
     meta = RequestMetadata(session_id=session, workflow_id=workflow)
     return RoutingRequest(
-        request_id="r", path="/v1/completions", body={"prompt": "x"}, metadata=meta
+        request_id=request_id, path="/v1/completions", body={"prompt": "x"}, metadata=meta
     )
 
 
@@ -123,15 +125,6 @@ class _Heard(MaxScorePicker):
         self.heard.append(("completed", request.request_id))
 
 
-def _named(request_id: str) -> RoutingRequest:
-    return RoutingRequest(
-        request_id=request_id,
-        path="/v1/completions",
-        body={"prompt": "x"},
-        metadata=RequestMetadata(),
-    )
-
-
 async def test_a_request_sent_at_once_leaves_its_bookkeeping_until_its_bytes_are_out() -> None:
     """decide_then_send: `on_routed` runs two loop turns later (aiohttp writes a request on the
     turn after it is sent), or before anything else the policy does, in order."""
@@ -139,18 +132,20 @@ async def test_a_request_sent_at_once_leaves_its_bookkeeping_until_its_bytes_are
     picker = _Heard()
     policy = Policy("p", picker=picker)
     candidates = pool.candidates(None)
-    policy.decide_then_send(_named("a"), candidates, CycleState())
+    policy.decide_then_send(request(request_id="a"), candidates, CycleState())
     assert picker.heard == []  # not on the request's own path
     await asyncio.sleep(0)
     assert picker.heard == []  # the turn aiohttp writes the request on
     await asyncio.sleep(0)
     assert picker.heard == [("routed", "a")]
 
-    policy.decide_then_send(_named("b"), candidates, CycleState())
+    policy.decide_then_send(request(request_id="b"), candidates, CycleState())
     c_state = CycleState()
-    policy.decide_then_send(_named("c"), candidates, c_state)  # b is heard before c decides
+    policy.decide_then_send(
+        request(request_id="c"), candidates, c_state
+    )  # b is heard before c decides
     assert picker.heard[-1] == ("routed", "b")
-    policy.on_completed(_named("c"), RequestOutcome(engine=None, status=502), c_state)
+    policy.on_completed(request(request_id="c"), RequestOutcome(engine=None, status=502), c_state)
     assert picker.heard[-2:] == [("routed", "c"), ("completed", "c")]  # routed, then completed
 
 
@@ -166,8 +161,8 @@ async def test_a_failing_deferred_bookkeeping_is_logged_and_the_rest_still_runs(
     pool = make_pool(2)
     picker = Failing()
     policy = Policy("p", picker=picker)
-    policy.decide_then_send(_named("bad"), pool.candidates(None), CycleState())
-    policy.decide_then_send(_named("good"), pool.candidates(None), CycleState())
+    policy.decide_then_send(request(request_id="bad"), pool.candidates(None), CycleState())
+    policy.decide_then_send(request(request_id="good"), pool.candidates(None), CycleState())
     policy.catch_up()
     assert picker.heard == [("routed", "good")]
     assert "on_routed failed" in caplog.text and "bookkeeping broke" in caplog.text
@@ -180,17 +175,17 @@ async def test_a_first_token_or_an_end_waits_for_its_own_bookkeeping_only() -> N
     policy = Policy("p", picker=picker)
     candidates = pool.candidates(None)
     a_state, b_state = CycleState(), CycleState()
-    policy.decide_then_send(_named("a"), candidates, a_state)
+    policy.decide_then_send(request(request_id="a"), candidates, a_state)
     await asyncio.sleep(0)
     await asyncio.sleep(0)  # a's bookkeeping is done
-    policy.decide_then_send(_named("b"), candidates, b_state)  # b's is pending
+    policy.decide_then_send(request(request_id="b"), candidates, b_state)  # b's is pending
     engine = pool.engines[0]
-    policy.on_first_token(_named("a"), engine, a_state)
-    policy.on_completed(_named("a"), RequestOutcome(engine=engine, status=200), a_state)
+    policy.on_first_token(request(request_id="a"), engine, a_state)
+    policy.on_completed(request(request_id="a"), RequestOutcome(engine=engine, status=200), a_state)
     assert picker.heard == [
         ("routed", "a"),
         ("first_token", "a"),
         ("completed", "a"),
     ]  # b's stays pending
-    policy.on_first_token(_named("b"), engine, b_state)  # b's own: caught up first
+    policy.on_first_token(request(request_id="b"), engine, b_state)  # b's own: caught up first
     assert picker.heard[-2:] == [("routed", "b"), ("first_token", "b")]
