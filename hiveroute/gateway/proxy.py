@@ -6,12 +6,12 @@ cancels the handler, which closes the upstream connection, which makes vLLM abor
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from hiveroute.engines.client import UpstreamAnswer
@@ -208,7 +208,7 @@ def _usage_only(event: bytes) -> bool:
     if not line.startswith(b"data:"):
         return False
     try:
-        payload = json.loads(line[5:])
+        payload = orjson.loads(line[5:])
     except (ValueError, RecursionError):
         return False
     return (

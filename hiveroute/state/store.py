@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import json
 from collections.abc import Awaitable
 from typing import Any, Protocol
+
+import orjson
 
 from hiveroute.errors import ConfigError
 
@@ -87,7 +88,7 @@ class StateStore(Protocol):
 
 async def get_json(store: StateStore, key: str) -> Any:
     raw = await store.get(key)
-    return None if raw is None else json.loads(raw)
+    return None if raw is None else loads(raw)
 
 
 async def set_json(store: StateStore, key: str, value: Any, *, ttl_s: float | None = None) -> None:
@@ -123,8 +124,14 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON, the one encoding every store value uses."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON, the one encoding every store value uses (orjson: a request's records are
+    written and read a few times each, at a tenth of the standard library's cost)."""
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def loads(raw: str | bytes) -> Any:
+    """A store value's JSON, read back (`dumps`' twin)."""
+    return orjson.loads(raw)
 
 
 def open_state_store(url: str) -> StateStore:

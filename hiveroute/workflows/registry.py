@@ -12,7 +12,6 @@ from the store at most every `view_ttl_s`, so routing a request costs no store r
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import time
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hiveroute.errors import BadRequest, Conflict, NotFound, TooManyRequests
-from hiveroute.state.store import StateStore, all_of, dumps, get_json, set_json
+from hiveroute.state.store import StateStore, all_of, dumps, get_json, loads, set_json
 from hiveroute.workflows.model import (
     ACTIVE,
     ENDED,
@@ -503,11 +502,11 @@ class WorkflowRegistry:
             return None
         source: dict[str, Any] | None = None
         if record.parent_request_id:
-            parent = json.loads(seen)
+            parent = loads(seen)
             if parent.get("agent_id") != me and parent.get("ended_at") is not None:
                 source = parent
         else:
-            last = {agent: json.loads(raw) for agent, raw in seen.items()}
+            last = {agent: loads(raw) for agent, raw in seen.items()}
             parent_agent = record.parent_agent_id
             if parent_agent and parent_agent != me:  # a subagent: from its parent's end
                 found = last.get(parent_agent)
@@ -659,8 +658,8 @@ class WorkflowRegistry:
         engines = await self.store.hgetall(_k("engines", wid))
         order = await self.store.lrange(_k("order", wid))
         raw_records = await self.store.hgetall(_k("req", wid))
-        requests = [json.loads(raw_records[r]) for r in order if r in raw_records]
-        handoffs = [json.loads(h) for h in await self.store.lrange(_k("handoffs", wid))]
+        requests = [loads(raw_records[r]) for r in order if r in raw_records]
+        handoffs = [loads(h) for h in await self.store.lrange(_k("handoffs", wid))]
 
         def stat(name: str, agent: str | None = None) -> int:
             return int(stats.get(name if agent is None else f"{name}|{agent}", 0))
