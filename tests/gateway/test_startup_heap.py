@@ -1,6 +1,7 @@
 """A serving process takes its startup objects out of the cyclic collector's scans, and still
-collects the garbage cycles that requests make afterwards. (In a child process: freezing is for
-the process's whole life, which a test process must not inherit.)"""
+collects the garbage cycles that requests make afterwards, with its young generation sized for
+the requests in flight. (In a child process: freezing and the thresholds are for the process's
+whole life, which a test process must not inherit.)"""
 
 import subprocess
 import sys
@@ -11,7 +12,7 @@ def test_startup_objects_are_frozen_and_later_cycles_still_collected() -> None:
     script = textwrap.dedent(
         """
         import gc, weakref
-        from hiveroute.runtime import freeze_startup_objects
+        from hiveroute.runtime import SERVING_YOUNG_THRESHOLD, freeze_startup_objects
 
         class Node:
             pass
@@ -24,8 +25,10 @@ def test_startup_objects_are_frozen_and_later_cycles_still_collected() -> None:
         later = Node(); later.me = later  # garbage made while serving
         ref = weakref.ref(later)
         del later
-        gc.collect()
-        assert ref() is None, "a cycle made after startup was not collected"
+        in_flight = [[] for _ in range(SERVING_YOUNG_THRESHOLD // 2)]  # fewer than a pass needs
+        assert ref() is not None, "a young pass ran before the threshold"
+        in_flight += [[] for _ in range(SERVING_YOUNG_THRESHOLD)]  # more: the young pass runs
+        assert ref() is None, "a cycle made after startup was not collected by the young pass"
         assert startup.me is startup
         print(tracked)
         """
