@@ -93,9 +93,17 @@ def pin(*cores: int) -> None:
 
 
 def start(
-    cmd: list[str], cores: tuple[int, ...], log: Path, env: dict[str, str] | None = None
+    cmd: list[str],
+    cores: tuple[int, ...],
+    log: Path,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start cmd pinned to cores, its output in log (env: extra environment variables)."""
+    """Start cmd pinned to cores, its output in log (env: extra environment variables).
+
+    `cwd`: where it runs. `python -m` looks in its working directory before PYTHONPATH, so a
+    router from another checkout must run in that checkout (from this one it would import
+    this checkout's hiveroute whatever PYTHONPATH says)."""
     out = open(log, "wb")
     return subprocess.Popen(
         cmd,
@@ -103,6 +111,7 @@ def start(
         stderr=subprocess.STDOUT,
         preexec_fn=lambda: pin(*cores),
         env={**os.environ, **env} if env else None,
+        cwd=cwd,
     )
 
 

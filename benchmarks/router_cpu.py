@@ -144,7 +144,7 @@ async def start_target(
     for i in range(processes):
         port = free_port()
         cmd = [*base, "--port", str(port), *extra]
-        running.procs.append(start(cmd, cores, logs / f"{tag}-{i}.log", env))
+        running.procs.append(start(cmd, cores, logs / f"{tag}-{i}.log", env, cwd=target.source))
         running.urls.append(f"http://127.0.0.1:{port}")
     for url in running.urls:
         await wait_http(f"{url}/health", timeout_s=120)
