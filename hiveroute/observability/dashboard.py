@@ -14,6 +14,7 @@ from importlib import resources
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Counter
 
 from hiveroute.engines.pool import EnginePool
 from hiveroute.kvindex.service import KvEventService
@@ -36,7 +37,7 @@ def dashboard_html() -> bytes:
     return resources.files("hiveroute.observability").joinpath("static/dashboard.html").read_bytes()
 
 
-def _by_engine(counter: Any) -> dict[str, float]:
+def _by_engine(counter: Counter) -> dict[str, float]:
     """Sum a counter's `_total` samples per engine label, whatever its other labels."""
     sums: dict[str, float] = {}
     for family in counter.collect():
@@ -69,10 +70,10 @@ def overview(
     pool: EnginePool, m: RouterMetrics, policy: str, kv_events: KvEventService | None = None
 ) -> dict[str, Any]:
     """Engines with their health, load and cache use, and fleet totals."""
-    requests = _by_engine(m.requests)
-    prompt = _by_engine(m.prompt_tokens)
-    cached = _by_engine(m.cached_tokens)
-    cross = _by_engine(m.cross_agent_cached_tokens)
+    requests = _by_engine(m.requests.metric)
+    prompt = _by_engine(m.prompt_tokens.metric)
+    cached = _by_engine(m.cached_tokens.metric)
+    cross = _by_engine(m.cross_agent_cached_tokens.metric)
     if kv_events is not None:
         kv_events.check_staleness()
     engines = []

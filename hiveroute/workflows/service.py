@@ -21,7 +21,7 @@ from hiveroute.engines.client import EngineClient
 from hiveroute.engines.pool import EnginePool
 from hiveroute.kvindex.index import KvIndex
 from hiveroute.kvindex.tokenizer import Tokenizer
-from hiveroute.observability.metrics import RouterMetrics
+from hiveroute.observability.metrics import RouterMetrics, Series
 from hiveroute.routing.base import RequestOutcome, RoutingRequest
 from hiveroute.routing.cost import RoutingCost
 from hiveroute.routing.costs import CostModel
@@ -59,11 +59,13 @@ class WorkflowMetrics:
         self.handoff = router_metrics.handoff_latency
         self.workflow_ttft = router_metrics.workflow_ttft
         self.completion = router_metrics.workflow_completion
-        self.workflow_prompt_tokens = Counter(
-            "hiveroute_workflow_prompt_tokens",
-            "Prompt tokens of requests that belong to a workflow",
-            ["engine"],
-            registry=registry,
+        self.workflow_prompt_tokens = Series(
+            Counter(
+                "hiveroute_workflow_prompt_tokens",
+                "Prompt tokens of requests that belong to a workflow",
+                ["engine"],
+                registry=registry,
+            )
         )
         self.active = Gauge(
             "hiveroute_workflows_active",
