@@ -91,6 +91,10 @@ def prompt_token_ids(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> l
 # --- built-in ------------------------------------------------------------------------------
 
 _PIECE = re.compile(r"\s+|\w+|[^\w\s]", re.UNICODE)
+# The same pieces for a text of ASCII characters only, matched a third faster: sre's ASCII mode
+# skips the Unicode database. `\s` in Unicode mode also matches \x1c-\x1f, so they are named.
+_ASCII_SPACE = " \t\n\r\f\v\x1c-\x1f"
+_ASCII_PIECE = re.compile(rf"[{_ASCII_SPACE}]+|\w+|[^\w{_ASCII_SPACE}]", re.ASCII)
 BUILTIN_VOCAB = 32000
 BUILTIN_SPECIAL = {"<s>": 1, "</s>": 2}
 _FIRST_ID = 16  # ids below are reserved for special tokens
@@ -131,7 +135,8 @@ class BuiltinTokenizer:
         return self._encode_with_offsets(text, add_special_tokens)[0]
 
     def _encode_with_offsets(self, text: str, add_special_tokens: bool) -> tuple[list[int], Starts]:
-        pieces = _PIECE.findall(text)  # they tile the text: each starts where the last ended
+        # the pieces tile the text: each starts where the last ended
+        pieces = (_ASCII_PIECE if text.isascii() else _PIECE).findall(text)
         found = list(map(self._ids.get, pieces))  # known pieces at C speed
         ids: list[int] = (
             [i if i is not None else self._piece_id(p) for i, p in zip(found, pieces, strict=True)]

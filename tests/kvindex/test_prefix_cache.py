@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hiveroute.engines.vllm_local import CHAT_TEMPLATE, _train_tokenizer
@@ -19,7 +19,13 @@ from hiveroute.kvindex.prefix_cache import (
     reused_tokens,
     tokenizer_supports_prefix_reuse,
 )
-from hiveroute.kvindex.tokenizer import BuiltinTokenizer, HFTokenizer, prompt_token_ids
+from hiveroute.kvindex.tokenizer import (
+    _ASCII_PIECE,
+    _PIECE,
+    BuiltinTokenizer,
+    HFTokenizer,
+    prompt_token_ids,
+)
 
 WORDS = "the agent plan tool résumé 42 café, x.y: don't  foo\nbar\t baz ünï 🙂 <s> result".split(
     " "
@@ -190,3 +196,20 @@ def test_a_model_tokenizer_reports_each_token_start_as_its_offsets_say(
     assert ids == encoding.ids
     assert starts.tolist() == [start for start, _ in encoding.offsets]
     assert starts.dtype == np.int64
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=60))
+def test_the_builtin_tokenizers_ascii_pieces_are_its_unicode_pieces(text: str) -> None:
+    """ASCII text is split by a faster pattern; every ASCII character, separators and control
+    characters included, must land in the same pieces as under the Unicode pattern."""
+    assert text.isascii()
+    assert _ASCII_PIECE.findall(text) == _PIECE.findall(text)
+
+
+def test_the_builtin_tokenizer_encodes_ascii_and_other_text_alike() -> None:
+    tokenizer = BuiltinTokenizer()
+    ascii_text = "".join(map(chr, range(128))) + " word, x\x1cy\x1f z"
+    mixed = ascii_text + " é"  # one character outside ASCII: the Unicode pattern
+    ids = tokenizer.encode_uncached(mixed, add_special_tokens=False)
+    assert tokenizer.encode_uncached(ascii_text, add_special_tokens=False) == ids[: len(ids) - 2]
