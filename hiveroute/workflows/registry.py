@@ -13,10 +13,11 @@ from the store at most every `view_ttl_s`, so routing a request costs no store r
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,8 @@ class WorkflowView:
 
     last_used: dict[str, float] = field(default_factory=dict)  # engine -> monotonic seconds
     warmed_at: dict[str, float] = field(default_factory=dict)  # engine -> last keep-warm
+    # key kind ("req", "stats", ...) -> when this replica last renewed that key's TTL (`_renew`)
+    renewed_at: dict[str, float] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -143,6 +146,20 @@ class WorkflowRegistry:
     def _key_ttl(self, settings: WorkflowSettings) -> float:
         return settings.ttl_s + self.limits.retain_s
 
+    def _renew(self, view: WorkflowView, kinds: Sequence[str]) -> list[Awaitable[bool]]:
+        """The TTL renewals of the workflow's keys of `kinds` that are due: each key is renewed
+        at most once per tenth of its TTL by this replica (on every request it was five to
+        eight of a request's thirty store calls), for its TTL plus that tenth, so it still
+        outlives the workflow's last request by its whole TTL. A key this replica has not
+        renewed yet (new, or new to it) is renewed at once."""
+        ttl = self._key_ttl(view.settings)
+        every = ttl / 10
+        now = self.clock()
+        due = [k for k in kinds if now - view.renewed_at.get(k, -math.inf) >= every]
+        for kind in due:
+            view.renewed_at[kind] = now
+        return [self.store.expire(_k(kind, view.id), ttl + every) for kind in due]
+
     # --- settings and views ---------------------------------------------------------------
 
     def _effective_state(self, settings: WorkflowSettings, last_active_at: float) -> str:
@@ -158,6 +175,8 @@ class WorkflowRegistry:
         settings = WorkflowSettings.from_json(doc)
         stats = await self.store.hgetall(_k("stats", workflow_id))
         view = self._views.get(workflow_id) or WorkflowView(settings=settings)
+        if view.settings.created_at != settings.created_at:  # recreated since: new keys
+            view.renewed_at.clear()
         view.settings = settings
         view.home = await self.store.get(_k("home", workflow_id))
         homes = await self.store.hgetall(_k("homes", workflow_id))
@@ -449,7 +468,6 @@ class WorkflowRegistry:
         """Write a started request to the store: its agent (past `max_agents`, the record
         names OTHER_AGENT instead), the record, the hand-off into it, the workflow's stats."""
         wid = view.id
-        ttl = self._key_ttl(view.settings)
         if record.agent_id is not None:
             record.agent_id = await self._add_agent(view, record.agent_id, record.agent_role)
         # Two pipelined rounds (one round trip each to a shared store): the reads and the
@@ -480,7 +498,7 @@ class WorkflowRegistry:
                 )
             )
             kinds.append("handoffs")
-        second_round += [self.store.expire(_k(kind, wid), ttl) for kind in kinds]
+        second_round += self._renew(view, kinds)
         await all_of(self.store, *second_round)
 
     def _handoff_read(self, workflow_id: str, record: RequestRecord) -> Awaitable[Any]:
@@ -597,10 +615,7 @@ class WorkflowRegistry:
         if view is not None:
             view.service_tokens = total_service
             view.last_active_at = now
-            ttl = self._key_ttl(view.settings)
-            second_round += [
-                self.store.expire(_k(k, wid), ttl) for k in ("engines", "last", "stats")
-            ]
+            second_round += self._renew(view, ("engines", "last", "stats"))
         await all_of(self.store, *second_round)
 
     # --- reading --------------------------------------------------------------------------

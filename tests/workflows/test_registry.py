@@ -180,3 +180,46 @@ async def test_a_subagents_handoff_is_from_its_parent_agent() -> None:
     assert (handoffs[-1]["from_agent"], handoffs[-1]["to_agent"]) == ("lead", "sub-0")
     assert handoffs[-1]["from_request_id"] == "l1"
     assert handoffs[-1]["latency_s"] == pytest.approx(1.75)
+
+
+class ExpireCountingStore(MemoryStateStore):
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock=clock)
+        self.expires: list[str] = []
+
+    async def expire(self, key: str, ttl_s: float | None) -> bool:
+        self.expires.append(key)
+        return await super().expire(key, ttl_s)
+
+
+async def test_keys_are_renewed_once_per_tenth_of_their_ttl_and_outlive_the_last_request() -> None:
+    clock = Clock()
+    store = ExpireCountingStore(clock)
+    reg = WorkflowRegistry(store, RegistryLimits(ttl_s=100.0, retain_s=900.0), clock=clock)
+    await run_request(reg, clock, "w", "r0", "planner", ttft=0.1, duration=1.0)
+    renewed = set(store.expires)
+    assert {"wf:req:w", "wf:order:w", "wf:stats:w", "wf:doc:w", "wf:last:w"} <= renewed
+    store.expires.clear()
+    for i in range(1, 20):  # 19 more requests within a tenth of the keys' TTL (1,000 s)
+        await run_request(reg, clock, "w", f"r{i}", "planner", ttft=0.1, duration=4.0)
+    assert store.expires == []  # a renewal on every request was 8 calls each
+    last_request = clock.now
+    clock.now = last_request + 999.0  # the workflow's keys outlive its last request by the TTL
+    assert await store.hgetall("wf:req:w")
+    clock.now = last_request + 200.0
+    await run_request(reg, clock, "w", "late", "planner", ttft=0.1, duration=1.0)
+    assert "wf:req:w" in store.expires  # due again: renewed
+
+
+async def test_a_workflow_recreated_by_another_replica_has_its_new_keys_renewed() -> None:
+    clock = Clock()
+    store = ExpireCountingStore(clock)
+    a = WorkflowRegistry(store, RegistryLimits(ttl_s=100.0), clock=clock)
+    b = WorkflowRegistry(store, RegistryLimits(ttl_s=100.0), clock=clock)
+    await run_request(a, clock, "w", "r1", "planner", ttft=0.1, duration=1.0)
+    await b.end("w")
+    await b.declare({"id": "w"})  # purged and created again: its keys are new
+    clock.now += 2.0  # past the views' refresh
+    store.expires.clear()
+    await run_request(a, clock, "w", "r2", "planner", ttft=0.1, duration=1.0)
+    assert "wf:req:w" in store.expires
