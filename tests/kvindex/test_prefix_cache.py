@@ -15,6 +15,8 @@ from hiveroute.engines.vllm_local import CHAT_TEMPLATE, _train_tokenizer
 from hiveroute.kvindex.blocks import block_keys
 from hiveroute.kvindex.prefix_cache import (
     _common_prefix,
+    _Entry,
+    _Family,
     prefix_block_keys,
     reused_tokens,
     tokenizer_supports_prefix_reuse,
@@ -213,3 +215,26 @@ def test_the_builtin_tokenizer_encodes_ascii_and_other_text_alike() -> None:
     mixed = ascii_text + " é"  # one character outside ASCII: the Unicode pattern
     ids = tokenizer.encode_uncached(mixed, add_special_tokens=False)
     assert tokenizer.encode_uncached(ascii_text, add_special_tokens=False) == ids[: len(ids) - 2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.text(alphabet="ab ", max_size=12), max_size=12),
+    st.text(alphabet="ab ", max_size=12),
+)
+def test_a_family_finds_the_entry_sharing_the_longest_prefix(texts: list[str], text: str) -> None:
+    family = _Family()
+    entries = [_Entry(t, [], np.zeros(0, np.int64)) for t in texts]
+    for entry in entries:
+        family.add(entry)
+    assert family.texts == sorted(texts)
+    best, common = family.nearest(text)
+    longest = max((_common_prefix(t, text) for t in texts), default=0)
+    assert common == longest
+    assert (best is None) == (longest == 0)
+    if best is not None:
+        assert _common_prefix(best.text, text) == longest
+    for entry in entries:  # each is found among equal texts by identity, and removed
+        assert family.remove(entry)
+        assert not family.remove(entry)
+    assert family.texts == [] and family.entries == []
