@@ -122,13 +122,14 @@ def start_engine(
     return start(cmd, cores, log)
 
 
-def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+def stop_all(procs: list[subprocess.Popen[bytes]], timeout_s: float = 20.0) -> None:
+    """SIGTERM each, wait up to `timeout_s` for each to finish, kill what does not."""
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
     for proc in procs:
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

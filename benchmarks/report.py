@@ -6,10 +6,23 @@ import datetime
 import os
 import platform
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 REPORTS = Path(__file__).resolve().parent / "results"
+ROOT = REPORTS.parent.parent
+
+
+def commit(root: Path = ROOT) -> str:
+    """The checkout's commit (a copy made by `git archive` has none: HIVEROUTE_BENCH_COMMIT)."""
+    try:
+        found = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        found = ""
+    return found or os.environ.get("HIVEROUTE_BENCH_COMMIT", "?")
 
 
 def machine() -> str:
@@ -42,6 +55,7 @@ def write_report(name: str, title: str, body: str, directory: Path = REPORTS) ->
     command = " ".join([Path(sys.executable).name, head, *(shlex.quote(a) for a in sys.argv[1:])])
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     path.write_text(
-        f"# {title}\n\n- date: {now}\n- machine: {machine()}\n- command: `{command}`\n\n{body}\n"
+        f"# {title}\n\n- date: {now}; commit {commit()}\n- machine: {machine()}\n"
+        f"- command: `{command}`\n\n{body}\n"
     )
     return path

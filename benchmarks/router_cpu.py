@@ -62,6 +62,7 @@ from benchmarks.instant_engine import (
     stop_all,
     wait_http,
 )
+from benchmarks.report import commit
 from hiveroute import runtime
 from hiveroute.runtime import free_port
 
@@ -300,17 +301,6 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _commit(root: Path = ROOT) -> str:
-    """The checkout's commit (a copy made by `git archive` has none: HIVEROUTE_BENCH_COMMIT)."""
-    try:
-        found = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        found = ""
-    return found or os.environ.get("HIVEROUTE_BENCH_COMMIT", "?")
-
-
 def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], has_workers: bool) -> None:
     summary = summarise(rows)
     by = {(s["engines"], s["target"], s["workers"], s["size_words"]): s for s in summary}
@@ -318,7 +308,7 @@ def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], has_worke
     lines = [
         "# Router CPU per request and requests/s on agentic bodies",
         "",
-        f"- date: {datetime.now(UTC).isoformat(timespec='seconds')}; commit {_commit()}",
+        f"- date: {datetime.now(UTC).isoformat(timespec='seconds')}; commit {commit()}",
         f"- machine: {platform.machine()}, {os.cpu_count()} cores (this machine has 2 cores, "
         f"shared with other engineers' work), {platform.platform()}, Python {platform.python_version()}",
         f"- command: `python -m benchmarks.router_cpu {' '.join(shlex.quote(a) for a in sys.argv[1:])}`",
@@ -339,7 +329,7 @@ def write_report(args: argparse.Namespace, rows: list[dict[str, Any]], has_worke
         *(
             [
                 f"- `base:POLICY`: hiveroute from {args.baseline} (commit "
-                f"{os.environ.get('HIVEROUTE_BASE_COMMIT') or _commit(Path(args.baseline))}), "
+                f"{os.environ.get('HIVEROUTE_BASE_COMMIT') or commit(Path(args.baseline))}), "
                 "the same run, "
                 + (
                     "at each worker count"

@@ -17,25 +17,20 @@ import argparse
 import asyncio
 import json
 import os
-import platform
-import shlex
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from benchmarks.agentic_bodies import agentic_bodies
 from benchmarks.instant_engine import pin, start, stop_all, wait_http
+from benchmarks.report import write_report
 from benchmarks.router_cpu import Running, closed_loop, start_engines
 from hiveroute import runtime
 from hiveroute.runtime import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 
 SITECUSTOMIZE = """
 import atexit, gc, json, os, time
@@ -80,12 +75,7 @@ async def run_once(
         bodies = agentic_bodies(args.words, 256)
         result = await closed_loop([url], bodies, 32, args.seconds, Running([url], [proc]))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_all([proc], timeout_s=60)
     gc_stats = json.loads(out.read_text())
     return {**result, "gc": gc_stats}
 
@@ -120,12 +110,6 @@ async def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
 
 def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> str:
     lines = [
-        "# The garbage collector in a loaded router",
-        "",
-        f"- date: {datetime.now(UTC).isoformat(timespec='seconds')}; commit {_commit()}",
-        f"- machine: {platform.machine()}, {os.cpu_count()} cores (shared with other work), "
-        f"{platform.platform()}, Python {platform.python_version()}",
-        f"- command: `python -m benchmarks.router_gc {shlex.join(sys.argv[1:])}`",
         f"- `{args.policy}`, {args.words}-word agentic chat bodies, 32 closed-loop clients, two "
         f"instant engines, {args.seconds} s measured per run after a warm-up; base = {args.base}",
         "- the collector's share: its passes' time (gc.callbacks) over the process's CPU time, "
@@ -148,14 +132,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> s
     lines += ["", "CPU ms/req per repetition:", ""]
     for name, rows in runs.items():
         lines.append(f"- {name}: " + ", ".join(f"{r['cpu_ms_per_req']:.3f}" for r in rows))
-    return "\n".join(lines) + "\n"
-
-
-def _commit() -> str:
-    done = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return done.stdout.strip() or "unknown"
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -172,11 +149,9 @@ def main() -> int:
     args = parser.parse_args()
     runtime.use_fastest_event_loop()
     runs = asyncio.run(run(args))
-    text = report(args, runs)
-    print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.md").write_text(text)
-    print(f"report: {RESULTS / args.name}.md")
+    path = write_report(args.name, "The garbage collector in a loaded router", report(args, runs))
+    print(path.read_text())
+    print(f"report: {path}")
     return 0
 
 

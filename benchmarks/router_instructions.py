@@ -29,15 +29,11 @@ import argparse
 import asyncio
 import glob
 import json
-import platform
 import re
-import shlex
-import signal
 import statistics
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +41,13 @@ import aiohttp
 
 from benchmarks.agentic_bodies import agentic_bodies
 from benchmarks.instant_engine import peer_command, pin, start, stop_all, wait_http
+from benchmarks.report import write_report
 from benchmarks.router_cpu import start_engines
 from hiveroute import runtime
 from hiveroute.runtime import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 CLIENTS = 32
+TITLE = "Router instructions per request (valgrind callgrind)"
 
 
 async def send_requests(
@@ -133,12 +129,7 @@ async def measure(
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
         elapsed = time.perf_counter() - started
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_all([proc], timeout_s=120)
     dumps = sorted(Path(p) for p in glob.glob(f"{out}.*"))
     total = sum(instructions(d) for d in dumps if d.stat().st_size > 0)
     return {
@@ -175,11 +166,6 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     lines = [
-        "# Router instructions per request (valgrind callgrind)",
-        "",
-        f"- date: {datetime.now(UTC).isoformat(timespec='seconds')}; commit {_commit()}",
-        f"- machine: {platform.machine()}, {platform.platform()}, Python {platform.python_version()}",
-        f"- command: `python -m benchmarks.router_instructions {shlex.join(sys.argv[1:])}`",
         f"- {args.requests} requests counted after {args.warmup} of warm-up, {CLIENTS} closed-loop "
         f"clients, {args.words}-word agentic chat bodies, two instant engines",
     ]
@@ -190,14 +176,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
         values = [r["instructions_per_request"] / 1e6 for r in results if r["target"] == target]
         reps = ", ".join(f"{v:.3f}" for v in values)
         lines.append(f"| {target} | {statistics.median(values):.3f} | {reps} |")
-    return "\n".join(lines) + "\n"
-
-
-def _commit() -> str:
-    done = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return done.stdout.strip() or "unknown"
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -217,12 +196,10 @@ def main() -> int:
         parser.error("base:POLICY targets need --base DIR")
     runtime.use_fastest_event_loop()
     results = asyncio.run(run(args))
-    text = report(args, results)
-    print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.md").write_text(text)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=1) + "\n")
-    print(f"report: {RESULTS / args.name}.md")
+    path = write_report(args.name, TITLE, report(args, results))
+    print(path.read_text())
+    path.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"report: {path}")
     return 0
 
 

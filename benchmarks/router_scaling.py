@@ -24,27 +24,23 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import re
-import shlex
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from benchmarks.agentic_bodies import agentic_bodies
 from benchmarks.instant_engine import pin, stop_all, wait_http
+from benchmarks.report import write_report
 from benchmarks.router_cpu import TARGETS, Running, Target, start_target
 from hiveroute import runtime
 from hiveroute.runtime import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 CLIENTS = 32
+TITLE = "Router requests/s at 1 and 2 workers, with a load and engines that cost little"
 
 ANSWER = json.dumps(
     {
@@ -114,6 +110,7 @@ request = function()
   return requests[(i - 1) %% n + 1]
 end
 """
+
 
 def need(program: str) -> str:
     found = shutil.which(program)
@@ -227,12 +224,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
     lines = [
-        "# Router requests/s at 1 and 2 workers, with a load and engines that cost little",
-        "",
-        f"- date: {datetime.now(UTC).isoformat(timespec='seconds')}; commit {_commit()}",
-        f"- machine: {platform.machine()}, {os.cpu_count()} cores (this machine has 2 cores, "
-        f"shared with other work), {platform.platform()}, Python {platform.python_version()}",
-        f"- command: `python -m benchmarks.router_scaling {shlex.join(sys.argv[1:])}`",
+        f"- machine: this machine has {os.cpu_count()} cores, shared with other work",
         f"- load: wrk, 1 thread, {CLIENTS} connections, {args.words}-word agentic chat bodies with "
         "workflow and agent headers (8 workflows x 4 agents, 256 bodies); engines: two nginx "
         "answering at once; both on core 0",
@@ -256,14 +248,7 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
     for target in sorted({k[0] for k in keys}):
         if (target, 1) in medians and (target, 2) in medians:
             lines.append(f"- {target}: {medians[(target, 2)] / medians[(target, 1)]:.2f}x")
-    return "\n".join(lines) + "\n"
-
-
-def _commit() -> str:
-    done = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return done.stdout.strip() or "unknown"
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -283,12 +268,10 @@ def main() -> int:
     need("nginx")
     runtime.use_fastest_event_loop()
     rows = asyncio.run(run(args))
-    text = report(args, rows)
-    print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.md").write_text(text)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"report: {RESULTS / args.name}.md")
+    path = write_report(args.name, TITLE, report(args, rows))
+    print(path.read_text())
+    path.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"report: {path}")
     return 0
 
 
