@@ -8,8 +8,10 @@ usage); any other response under /v1/ (the model list, the control API) and any 
 
 from __future__ import annotations
 
+import itertools
+import os
+import secrets
 import time
-import uuid
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -23,11 +25,31 @@ NO_ENGINE = "none"
 UNCOUNTED_PATHS = frozenset({"/health", "/metrics"})  # polled by probes and scrapers
 
 
+class RequestIdSource:
+    """Request ids unique across processes and requests: a random 64-bit prefix per process
+    (drawn again in a forked child) and a counter. One read of the kernel's random source per
+    process, not one (and a UUID object) per request."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._prefix = f"hr-{secrets.token_hex(8)}"
+        self._count = itertools.count()
+
+    def new(self) -> str:
+        return f"{self._prefix}{next(self._count):016x}"
+
+
+new_request_id = RequestIdSource().new
+
+
 def request_id_of(request: web.Request) -> str:
     """The request's id: the client's X-Request-Id, else one made up now (once per request)."""
     found = request.get(REQUEST_ID)
     if found is None:
-        found = request.headers.get("X-Request-Id") or f"hr-{uuid.uuid4().hex}"
+        found = request.headers.get("X-Request-Id") or new_request_id()
         request[REQUEST_ID] = found
     return found
 
