@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -58,4 +59,15 @@ def write_report(name: str, title: str, body: str, directory: Path = REPORTS) ->
         f"# {title}\n\n- date: {now}; commit {commit()}\n- machine: {machine()}\n"
         f"- command: `{command}`\n\n{body}\n"
     )
+    return path
+
+
+def publish(name: str, title: str, body: str, figures: object = None) -> Path:
+    """`write_report`, then the figures beside it as NAME.json (when given), and the report
+    printed with where it went: how a benchmark ends."""
+    path = write_report(name, title, body)
+    if figures is not None:
+        path.with_suffix(".json").write_text(json.dumps(figures, indent=1) + "\n")
+    print(path.read_text())
+    print(f"report: {path}")
     return path

@@ -25,7 +25,7 @@ from typing import Any
 
 from benchmarks.agentic_bodies import agentic_bodies
 from benchmarks.instant_engine import pin, start, stop_all, wait_http
-from benchmarks.report import write_report
+from benchmarks.report import publish
 from benchmarks.router_cpu import Running, closed_loop, start_engines
 from hiveroute import runtime
 from hiveroute.runtime import free_port
@@ -149,9 +149,7 @@ def main() -> int:
     args = parser.parse_args()
     runtime.use_fastest_event_loop()
     runs = asyncio.run(run(args))
-    path = write_report(args.name, "The garbage collector in a loaded router", report(args, runs))
-    print(path.read_text())
-    print(f"report: {path}")
+    publish(args.name, "The garbage collector in a loaded router", report(args, runs))
     return 0
 
 

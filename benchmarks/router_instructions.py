@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import glob
-import json
 import re
 import statistics
 import subprocess
@@ -41,7 +40,7 @@ import aiohttp
 
 from benchmarks.agentic_bodies import agentic_bodies
 from benchmarks.instant_engine import peer_command, pin, start, stop_all, wait_http
-from benchmarks.report import write_report
+from benchmarks.report import publish
 from benchmarks.router_cpu import start_engines
 from hiveroute import runtime
 from hiveroute.runtime import free_port
@@ -196,10 +195,7 @@ def main() -> int:
         parser.error("base:POLICY targets need --base DIR")
     runtime.use_fastest_event_loop()
     results = asyncio.run(run(args))
-    path = write_report(args.name, TITLE, report(args, results))
-    print(path.read_text())
-    path.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    print(f"report: {path}")
+    publish(args.name, TITLE, report(args, results), results)
     return 0
 
 

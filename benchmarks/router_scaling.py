@@ -34,7 +34,7 @@ from typing import Any
 
 from benchmarks.agentic_bodies import agentic_bodies
 from benchmarks.instant_engine import pin, stop_all, wait_http
-from benchmarks.report import write_report
+from benchmarks.report import publish
 from benchmarks.router_cpu import TARGETS, Running, Target, start_target
 from hiveroute import runtime
 from hiveroute.runtime import free_port
@@ -268,10 +268,7 @@ def main() -> int:
     need("nginx")
     runtime.use_fastest_event_loop()
     rows = asyncio.run(run(args))
-    path = write_report(args.name, TITLE, report(args, rows))
-    print(path.read_text())
-    path.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"report: {path}")
+    publish(args.name, TITLE, report(args, rows), rows)
     return 0
 
 
