@@ -49,8 +49,9 @@ def write_report(name: str, title: str, body: str, directory: Path = REPORTS) ->
     script = Path(sys.argv[0])
     if script.parent.name == "benchmarks":
         head = f"-m benchmarks.{script.stem}"
-    elif script.name == "__main__.py" and script.parent.parent.name == "benchmarks":
-        head = f"-m benchmarks.{script.parent.name}"  # a benchmark package
+    elif script.parent.parent.name == "benchmarks":  # a benchmark package, or a module in it
+        module = "" if script.name == "__main__.py" else f".{script.stem}"
+        head = f"-m benchmarks.{script.parent.name}{module}"
     else:
         head = str(script)
     command = " ".join([Path(sys.executable).name, head, *(shlex.quote(a) for a in sys.argv[1:])])

@@ -389,3 +389,24 @@ def test_summarize_only_rebuilds_the_report_beside_the_cell_files(tmp_path: Path
         main(["--list", "--cells", "tr-0", "--seeds", "0", "--results", str(tmp_path / "m")]) == 0
     )
     assert store.load("tr-0")["runs"].keys() == {"smg/s0"}
+
+
+def test_compare_judges_one_router_across_two_result_sets_by_the_tie_rule() -> None:
+    from benchmarks.matrix.compare import compare_cell
+
+    r = "hiveroute:workflow"
+    a = cell("x", [(r, s, {"hit_rate": h, "ttft_mean": t}) for s, h, t in ((0, 0.80, 0.030),
+              (1, 0.82, 0.031), (2, 0.81, 0.032))])  # fmt: skip
+    # b: hit rate within a's spread, TTFT clearly lower; another router's runs are ignored
+    b = cell("x", [(r, 0, {"hit_rate": 0.815, "ttft_mean": 0.020}),
+                   ("smg", 0, {"hit_rate": 0.1, "ttft_mean": 0.5})])  # fmt: skip
+    found = compare_cell(a, b, r)
+    assert {m: v[2] for m, v in found.items()} == {"hit_rate": "tied", "ttft_mean": "better"}
+    assert found["ttft_mean"][0].seeds == 3 and found["ttft_mean"][1].median == 0.020
+    # figures that print alike tie even with no spread; a clear loss is worse
+    a1 = cell("x", [(r, 0, {"hit_rate": 0.8640, "ttft_mean": 0.0300})])
+    b1 = cell("x", [(r, 0, {"hit_rate": 0.8642, "ttft_mean": 0.0400})])
+    assert {m: v[2] for m, v in compare_cell(a1, b1, r).items()} == {
+        "hit_rate": "tied",
+        "ttft_mean": "worse",
+    }
