@@ -69,7 +69,12 @@ class EngineClient:
     async def start(self) -> None:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
-            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+            # no cookie jar: the session serves every client, so a cookie an engine (or a
+            # sticky-session proxy in front of it) set for one client's request must not ride
+            # on the next client's; the client's own Set-Cookie still reaches it unchanged
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+            )
 
     async def stop(self) -> None:
         if self._session is not None:

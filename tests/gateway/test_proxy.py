@@ -46,6 +46,25 @@ async def test_non_streamed_relay_strips_router_fields_and_passes_the_rest(
     assert served[0].received_headers[0]["X-Request-Id"] == "mine-1"
 
 
+async def test_a_cookie_an_engine_sets_reaches_its_client_and_no_other_request(
+    fake_engines: list[FakeEngine], router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    """The router's one connection pool serves every client: a cookie set on one answer is the
+    client's, never sent to the engine again with someone else's request."""
+    engine = fake_engines[0]
+    engine.behaviour.set_cookie = "route=engine-0; Path=/"
+    # by name, not by address: aiohttp's cookie jar keeps no cookie an IP address sets
+    router = await router_factory([f"http://localhost:{engine.port}"], policy="round_robin")
+    body = {"model": "m", "prompt": "hi", "max_tokens": 2}
+    for _ in range(2):
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as client:
+            resp = await post(client, f"{router.url}/v1/completions", body)
+            assert resp.status == 200, await resp.text()
+            assert resp.headers.get("Set-Cookie") == "route=engine-0; Path=/"
+            await resp.read()
+    assert [h.get("Cookie") for h in engine.received_headers] == [None, None]
+
+
 async def test_body_without_router_fields_is_forwarded_byte_for_byte(
     fake_engines: list[FakeEngine], router_factory: RouterFactory, http: aiohttp.ClientSession
 ) -> None:

@@ -37,6 +37,9 @@ class FakeEngineBehaviour:
     usage_for: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # request -> usage
     # as vLLM's --api-key: every endpoint but /health answers 401 without this bearer key
     api_key: str | None = None
+    # a Set-Cookie header on every answer not streamed (as a sticky-session proxy in front of
+    # an engine sends)
+    set_cookie: str | None = None
 
 
 class FakeEngine:
@@ -88,6 +91,8 @@ class FakeEngine:
         if key is not None and request.path != "/health" and auth != f"Bearer {key}":
             return web.json_response({"error": "Unauthorized"}, status=401)
         response: web.StreamResponse = await handler(request)
+        if self.behaviour.set_cookie is not None and not response.prepared:
+            response.headers["Set-Cookie"] = self.behaviour.set_cookie
         return response
 
     async def _models(self, request: web.Request) -> web.Response:
