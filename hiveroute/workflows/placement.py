@@ -6,13 +6,15 @@ What a workflow adds is knowledge the KV events cannot have yet:
 - a home: the engine its first request is placed on, agreed by every replica before routing
   (set-if-absent in the state store), so keep-warm, pre-warm and the dashboards know where the
   workflow lives; engines it later spills to become secondary homes;
-- its engines are expected to hold its shared prefix (the blocks all its prompts began with, as
-  learnt, which include its registered context, `context_refs`, pre-warmed or in flight for a
-  sibling) before any event confirms it: they all served it, though this replica may not have
-  seen it go there. Nothing beyond that prefix is lent between its engines: what one agent built
-  past it (its own history) is where the KV index says, which may be where another replica
-  sent it (lending it to every engine of the workflow made them all look equal, and agents
-  left their history whenever their previous request had gone through the other replica);
+- its engines that send no KV events are expected to hold its shared prefix (the blocks all its
+  prompts began with, as learnt, which include its registered context, `context_refs`,
+  pre-warmed or in flight for a sibling): they all served it, though this replica may not have
+  seen it go there. Where an engine sends KV events, its index says what it holds (evictions
+  included), as for any request. Nothing beyond that prefix is lent between its engines: what
+  one agent built past it (its own history) is where the KV index says, which may be where
+  another replica sent it (lending it to every engine of the workflow made them all look
+  equal, and agents left their history whenever their previous request had gone through the
+  other replica);
 - among engines of equal cost (nothing known), its homes come first, so every replica sends the
   workflow where the others did.
 An agent returns to the engine holding its own history because the KV index says so, not by a
@@ -239,11 +241,13 @@ class WorkflowPlacementScorer(Scorer):
         candidates: list[Engine],
     ) -> dict[str, CachedPrompt]:
         """What each engine is expected to hold of this prompt: what is known, and on the
-        workflow's engines at least its shared prefix (`shared_prefix_tokens`), which they all
-        served though this replica may not have seen it go there. A subagent's parent's engine
-        is expected to hold what its prompt shares with the parent's last one, unless that
-        engine sends KV events: then its index says what it still holds (a conversation's
-        history evicted between turns is not there)."""
+        workflow's engines that send no KV events at least its shared prefix
+        (`shared_prefix_tokens`), which they all served though this replica may not have seen
+        it go there. A subagent's parent's engine is expected to hold what its prompt shares
+        with the parent's last one, likewise only without KV events. Where an engine sends
+        them, its index (with this router's speculation) says what it still holds: a context
+        it evicted since is not there, and lending it made a secondary home that had dropped
+        the workflow's context look warm (benchmarks/results/matrix_notes.md, 2026-12-05)."""
         held = {e.name: self.known(request, state, e) for e in candidates}
         tokens = state.get(TOKEN_IDS_KEY)
         parent: Seen | None = state.get(PARENT_KEY)
@@ -261,7 +265,7 @@ class WorkflowPlacementScorer(Scorer):
         warm = self.shared_prefix_tokens(view, tokenized=bool(tokens))
         for name in view.engines:
             known = held.get(name)
-            if known is not None:
+            if known is not None and not self.has_events(name):
                 held[name] = CachedPrompt(max(known.gpu_tokens, warm), known.lower_tokens)
         return held
 

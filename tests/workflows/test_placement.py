@@ -248,6 +248,57 @@ async def test_a_pending_prefill_counts_until_its_first_token() -> None:
     assert await route(router, request(None, "y", "r2", other)) == (a.name, "workflow_none")
 
 
+async def test_a_workflow_engine_with_kv_events_is_priced_at_what_its_index_says() -> None:
+    """The workflow's shared prefix is lent only to its engines that send no KV events. Where
+    an engine sends them, its index says what it holds: a secondary home that evicted the
+    workflow's context is not priced as holding it (it was, so a sibling went there for a hit
+    and prefilled the whole context again)."""
+    from hiveroute.workflows.placement import HELD_KEY
+    from hiveroute.workflows.scope import scoped
+
+    router, service = make_router(n=3)
+    home, _ = await route(router, request("w", "planner", "r0"), done=True)
+    await route(router, request("w", "executor-0", "r1"), done=True)
+    secondary = next(e for e in router.pool.engines if e.name != home)
+    view = await service.registry.view(scoped(None, "w"))
+    assert view is not None
+    view.secondaries.append(secondary.name)  # the workflow spilled there once
+    context = len(router.tokenizer.encode(SHARED, add_special_tokens=False))
+    assert scorer_of(router).shared_prefix_tokens(view) >= context - 16
+
+    def expected(req: RoutingRequest, state: CycleState) -> dict[str, int]:
+        return {name: held.gpu_tokens for name, held in state[HELD_KEY].items()}
+
+    # no engine sends KV events: both homes are expected to hold the context
+    before = request("w", "executor-1", "r2")
+    for hook in router.pipeline.hooks:
+        await hook.before_route(before)
+    _, state = await router.policy.route(before, router.pool.candidates(None))
+    assert expected(before, state)[secondary.name] >= context - 16
+
+    # every engine sends KV events; the secondary holds nothing of the prompt (evicted)
+    tokens = state[TOKEN_IDS_KEY]
+    size = 16
+    count = len(tokens) // size
+    for engine in router.pool.engines:
+        engine.block_size = size
+    hashes = [hash(k) for k in block_keys(tokens, size)][:count]
+    router.kv_index.apply(home, BlockStored(hashes, None, tokens[: count * size], size))
+    after = request("w", "executor-2", "r3")
+    for hook in router.pipeline.hooks:
+        await hook.before_route(after)
+    _, state = await router.policy.route(after, router.pool.candidates(None))
+    held = expected(after, state)
+    assert held[secondary.name] == 0
+    assert held[home] >= context - 16
+
+
+def scorer_of(router: Router) -> WorkflowPlacementScorer:
+    return next(
+        w.scorer for w in router.policy.scorers if isinstance(w.scorer, WorkflowPlacementScorer)
+    )
+
+
 async def test_placement_reads_what_the_kv_index_says_each_engine_holds() -> None:
     from hiveroute.routing.request_tokens import TOKEN_IDS_KEY
 
