@@ -146,6 +146,16 @@ class MemoryStateStore:
         self._wrote(key, None, keep_ttl=True)
         return value
 
+    async def hincrby_many(self, key: str, increments: dict[str, int]) -> dict[str, int]:
+        found = self._hash(key, True)
+        assert found is not None
+        values: dict[str, int] = {}
+        for field, amount in increments.items():
+            value = values[field] = int(found.get(field, "0")) + amount
+            found[field] = str(value)
+        self._wrote(key, None, keep_ttl=True)
+        return values
+
     async def hincrbyfloat(self, key: str, field: str, amount: float) -> float:
         found = self._hash(key, True)
         assert found is not None

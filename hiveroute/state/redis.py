@@ -457,6 +457,29 @@ class RedisStateStore:
         await self.local.hset(key, {field: str(value)})
         return value
 
+    async def hincrby_many(self, key: str, increments: dict[str, int]) -> dict[str, int]:
+        if not increments:
+            return {}
+        k = self.k(key)
+        items = list(increments.items())
+
+        def add(p: Any) -> Any:
+            for field, amount in items:
+                p.hincrby(k, field, amount)
+            return p
+
+        try:
+            replies = await self.queued(add, len(items))
+        except BackendDown:
+            for field, amount in items:
+                self.journal.increment(key, field, amount, is_float=False)
+            return await self.local.hincrby_many(key, increments)
+        if len(items) == 1:  # one command: its reply, not a list of one
+            replies = [replies]
+        values = {field: int(reply) for (field, _), reply in zip(items, replies, strict=True)}
+        await self.local.hset(key, {field: str(value) for field, value in values.items()})
+        return values
+
     async def hincrbyfloat(self, key: str, field: str, amount: float) -> float:
         try:
             value = float(await self.queued(lambda p: p.hincrbyfloat(self.k(key), field, amount)))

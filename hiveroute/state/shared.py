@@ -48,6 +48,7 @@ METHODS = frozenset(
         "hset",
         "hdel",
         "hincrby",
+        "hincrby_many",
         "hincrbyfloat",
         "push_bounded",
         "lrange",
@@ -254,6 +255,9 @@ class SharedStateClient:
 
     def hincrby(self, key: str, field: str, amount: int = 1) -> Awaitable[int]:
         return self._call("hincrby", key, field, amount)
+
+    def hincrby_many(self, key: str, increments: dict[str, int]) -> Awaitable[dict[str, int]]:
+        return self._call("hincrby_many", key, increments)
 
     def hincrbyfloat(self, key: str, field: str, amount: float) -> Awaitable[float]:
         return self._call("hincrbyfloat", key, field, amount)

@@ -73,6 +73,11 @@ class StateStore(Protocol):
 
     def hincrby(self, key: str, field: str, amount: int = 1) -> Awaitable[int]: ...
 
+    def hincrby_many(self, key: str, increments: dict[str, int]) -> Awaitable[dict[str, int]]:
+        """`hincrby` of several fields of one hash in one call (a request's counters: one
+        message to a shared store, not one each); each field's new value."""
+        ...
+
     def hincrbyfloat(self, key: str, field: str, amount: float) -> Awaitable[float]: ...
 
     # bounded lists ------------------------------------------------------------------------

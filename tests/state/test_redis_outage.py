@@ -150,6 +150,41 @@ async def test_redis_restarted_empty_gets_the_replicas_copy_back(
         await store.close()
 
 
+async def test_several_counters_of_a_hash_move_in_one_call(
+    redis_server: RedisServer, direct: Any, tmp_path: Any
+) -> None:
+    """`hincrby_many` on Redis, then while it is away (journalled per field, replayed once it is
+    back, added to what another replica counted meanwhile)."""
+    proxy = TcpProxy("127.0.0.1", redis_server.port)
+    await proxy.start()
+    store = RedisStateStore(proxy.url + FAST)
+    other = RedisStateStore(redis_server.url + "?timeout_s=5")
+    try:
+        await store.connect()
+        await other.connect()
+        assert await store.hincrby_many("wf:stats:m", {"requests": 1, "tokens": 40}) == {
+            "requests": 1,
+            "tokens": 40,
+        }
+        assert await store.hincrby_many("wf:stats:m", {"requests": 2}) == {"requests": 3}
+        assert await store.hincrby_many("wf:stats:m", {}) == {}
+        assert await direct.hgetall("hiveroute:wf:stats:m") == {"requests": "3", "tokens": "40"}
+        proxy.set_mode("refuse")  # Redis is gone for this replica
+        assert await store.hincrby_many("wf:stats:m", {"requests": 1, "tokens": 2}) == {
+            "requests": 4,
+            "tokens": 42,
+        }
+        assert not store.up
+        await other.hincrby("wf:stats:m", "requests", 10)  # another replica counts meanwhile
+        proxy.set_mode("open")
+        await wait_until_up(store)
+        assert await direct.hgetall("hiveroute:wf:stats:m") == {"requests": "14", "tokens": "42"}
+    finally:
+        await store.close()
+        await other.close()
+        await proxy.stop()
+
+
 async def test_unreachable_at_start_then_arrives(tmp_path: Any) -> None:
     server = RedisServer(workdir=tmp_path, port=free_port())
     store = RedisStateStore(server.url + FAST)

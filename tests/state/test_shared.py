@@ -25,6 +25,11 @@ async def test_two_clients_see_one_store_and_races_have_one_winner(tmp_path: Pat
 
         await asyncio.gather(*(c.hincrby("stats", "requests") for c in (a, b) * 50))
         assert await a.hgetall("stats") == {"requests": "100"}
+        several = await asyncio.gather(
+            *(c.hincrby_many("stats", {"requests": 1, "tokens": 10}) for c in (a, b) * 5)
+        )
+        assert several[-1] == {"requests": 110, "tokens": 100}  # each call is atomic, in order
+        assert await b.hgetall("stats") == {"requests": "110", "tokens": "100"}
         assert await b.push_bounded("order", "r1", 2) == []
         await a.push_bounded("order", "r2", 2)
         assert await b.push_bounded("order", "r3", 2) == ["r1"]

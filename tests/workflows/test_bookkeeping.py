@@ -54,7 +54,7 @@ class RoundCountingStore(MemoryStateStore):
 
     in_process = False
     METHODS = ("get", "set", "expire", "hget", "hgetall", "hset", "hdel", "hincrby",
-               "hincrbyfloat", "push_bounded", "lrange", "set_if_absent")  # fmt: skip
+               "hincrby_many", "hincrbyfloat", "push_bounded", "lrange", "set_if_absent")  # fmt: skip
 
     def __init__(self) -> None:
         super().__init__()
