@@ -151,7 +151,7 @@ async def test_redis_restarted_empty_gets_the_replicas_copy_back(
 
 
 async def test_several_counters_of_a_hash_move_in_one_call(
-    redis_server: RedisServer, direct: Any, tmp_path: Any
+    redis_server: RedisServer, direct: Any
 ) -> None:
     """`hincrby_many` on Redis, then while it is away (journalled per field, replayed once it is
     back, added to what another replica counted meanwhile)."""

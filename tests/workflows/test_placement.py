@@ -202,9 +202,7 @@ async def test_a_workflows_shared_prefix_is_what_all_its_prompts_began_with() ->
     from hiveroute.workflows.scope import scoped
 
     router, service = make_router(n=2)
-    scorer = next(
-        w.scorer for w in router.policy.scorers if isinstance(w.scorer, WorkflowPlacementScorer)
-    )
+    scorer = scorer_of(router)
     await route(router, request("ctx", "planner", "c0", own=50), done=True)
     view = await service.registry.view(scoped(None, "ctx"))
     assert view is not None
@@ -266,7 +264,7 @@ async def test_a_workflow_engine_with_kv_events_is_priced_at_what_its_index_says
     context = len(router.tokenizer.encode(SHARED, add_special_tokens=False))
     assert scorer_of(router).shared_prefix_tokens(view) >= context - 16
 
-    def expected(req: RoutingRequest, state: CycleState) -> dict[str, int]:
+    def expected(state: CycleState) -> dict[str, int]:
         return {name: held.gpu_tokens for name, held in state[HELD_KEY].items()}
 
     # no engine sends KV events: both homes are expected to hold the context
@@ -274,7 +272,7 @@ async def test_a_workflow_engine_with_kv_events_is_priced_at_what_its_index_says
     for hook in router.pipeline.hooks:
         await hook.before_route(before)
     _, state = await router.policy.route(before, router.pool.candidates(None))
-    assert expected(before, state)[secondary.name] >= context - 16
+    assert expected(state)[secondary.name] >= context - 16
 
     # every engine sends KV events; the secondary holds nothing of the prompt (evicted)
     tokens = state[TOKEN_IDS_KEY]
@@ -288,7 +286,7 @@ async def test_a_workflow_engine_with_kv_events_is_priced_at_what_its_index_says
     for hook in router.pipeline.hooks:
         await hook.before_route(after)
     _, state = await router.policy.route(after, router.pool.candidates(None))
-    held = expected(after, state)
+    held = expected(state)
     assert held[secondary.name] == 0
     assert held[home] >= context - 16
 
