@@ -27,6 +27,7 @@ import shutil
 import signal
 import socket
 import tempfile
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -53,6 +54,7 @@ log = logging.getLogger("hiveroute.workers")
 WORKER_HEADER = "X-Hiveroute-Worker"  # the pid of the worker that served a response
 STOP_TIMEOUT_S = 30.0
 READY_TIMEOUT_S = 120.0
+PARENT_POLL_S = 0.5  # how often a worker checks that its parent is alive
 # what a worker and its parent say on the worker's pipe, in this order
 ASSEMBLED = "assembled"  # worker: my router is built; I listen when you say so
 LISTEN = "listen"  # parent: every worker is assembled
@@ -235,6 +237,7 @@ def worker_main(spec: WorkerSpec, parent: Connection) -> None:
 
 
 async def _worker(spec: WorkerSpec, parent: Connection) -> None:
+    parent_pid = os.getppid()
     store = SharedStateClient(spec.state_path) if spec.state_path else None
     board = LoadBoard(spec.board_path, spec.index) if spec.board_path else None
     router = assemble(spec.config, store=store, board=board)
@@ -258,13 +261,33 @@ async def _worker(spec: WorkerSpec, parent: Connection) -> None:
     parent.send(READY)
     parent.close()
     try:
-        await wait_for_shutdown_signal()
+        await _first_of(wait_for_shutdown_signal(), _until_orphaned(parent_pid))
     finally:
         await private.cleanup()
         await siblings.close()
         await running.stop()
         if board is not None:
             board.close()
+
+
+async def _until_orphaned(parent_pid: int) -> None:
+    """Return once the parent is gone. A parent killed outright (SIGKILL, the OOM killer) sends
+    no SIGTERM: its workers would go on holding the port without the state store it served,
+    and a supervisor restarting the router would find the port taken."""
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(PARENT_POLL_S)
+    log.error("the parent process %d is gone: this worker stops", parent_pid)
+
+
+async def _first_of(*waits: Coroutine[Any, Any, None]) -> None:
+    """Wait for whichever of `waits` ends first; cancel the others."""
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _serve_private(router: Router, path: str) -> web.AppRunner:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -136,6 +137,39 @@ async def test_two_workers_serve_one_port_share_workflows_and_metrics_and_stop_o
     for pid in served:  # the workers are gone too
         with pytest.raises(ProcessLookupError):
             os.kill(int(pid), 0)
+
+
+async def test_the_workers_stop_when_their_parent_is_killed_outright(
+    two_workers: tuple[str, asyncio.subprocess.Process],
+) -> None:
+    url, proc = two_workers
+    served: set[str] = set()
+    for i in range(24):  # fresh connections reach both workers (all on one: p = 1e-7)
+        pid, status = await _post(url, "wf-orphan", f"agent-{i % 3}")
+        assert status == 200
+        served.add(pid)
+    assert len(served) == 2
+    proc.kill()  # SIGKILL: the parent cannot pass a SIGTERM on
+    await proc.wait()
+    alive = set(served)
+    for _ in range(300):  # a bound, not a timing: they poll for their parent twice a second
+        alive = {pid for pid in alive if _running(int(pid))}
+        if not alive:
+            break
+        await asyncio.sleep(0.1)
+    assert not alive, f"workers {sorted(alive)} outlived their parent"
+    with socket.socket() as sock:  # and the port is free for a restarted router
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+        sock.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie, exited but not reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 async def _overview(url: str) -> dict[str, Any]:
