@@ -4,7 +4,8 @@ Under `serve --workers N` each worker is a whole router that counts only its own
 engines' /metrics show the siblings' ones seconds later. A call to the parent per request costs
 more CPU than the routing it would improve, so the workers publish their counts on a board: a
 file in their run dir, mapped by every worker, with one row per worker and one cell per engine
-in each row (requests in flight, prefill backlog tokens and requests, when that backlog began).
+in each row (requests in flight, prefill backlog tokens and requests, when that backlog began,
+live blocks and when they were counted).
 A worker writes only its own row, so a cell has one writer and needs no lock; a reader may see
 a sibling's number a moment old, or a row half updated, which routing tolerates as it tolerates
 a scrape seconds old.
@@ -40,8 +41,8 @@ _HEADER = struct.Struct("<8sQQ")  # magic, workers, slots
 _HEADER_BYTES = 64
 _EMPTY, _FREED = 0, 1  # hash values that mark a slot never used / given back
 # a cell's fields, each a float64 (counts are exact to 2**53)
-IN_FLIGHT, BACKLOG_TOKENS, BACKLOG_REQUESTS, BACKLOG_SINCE = range(4)
-FIELDS = 4
+IN_FLIGHT, BACKLOG_TOKENS, BACKLOG_REQUESTS, BACKLOG_SINCE, LIVE_BLOCKS, LIVE_AT = range(6)
+FIELDS = 6
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -93,6 +94,18 @@ class EngineCell:
         mine[BACKLOG_TOKENS] = tokens
         mine[BACKLOG_REQUESTS] = requests
         mine[BACKLOG_SINCE] = since
+
+    def publish_live_blocks(self, blocks: int, at: float) -> None:
+        mine = self.mine
+        mine[LIVE_BLOCKS] = blocks
+        mine[LIVE_AT] = at
+
+    def sibling_live_blocks(self, since: float) -> int:
+        """The blocks the other workers counted as live on the engine (routing/live_set.py),
+        each count taken at `since` or later (an older one may since have expired)."""
+        rows = self.column.tolist()
+        del rows[self.index]
+        return int(sum(row[LIVE_BLOCKS] for row in rows if row[LIVE_AT] >= since))
 
     def sibling_backlogs(self) -> list[tuple[float, float, float]]:
         """(tokens, requests, since) of every other worker with a backlog on the engine."""

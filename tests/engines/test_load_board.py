@@ -18,6 +18,7 @@ from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, RoutingRequest
 from hiveroute.routing.costs import CostModel
+from hiveroute.routing.live_set import LiveSet
 from hiveroute.routing.registry import PluginContext, build_policy
 
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"  # engines, by name (host:port)
@@ -219,6 +220,41 @@ async def test_policies_route_around_the_siblings_load(path: str, busy_first: bo
     theirs = PrefillBacklog(clock=lambda: 0.0, board=two)
     theirs.add(A, 20_000, CycleState())
     costs = CostModel(backlog=PrefillBacklog(clock=lambda: 0.0, board=one))
+    context = PluginContext(first, tokenizer=BuiltinTokenizer(), kv_index=KvIndex(), costs=costs)
+    decision, _ = await build_policy("kv", context).route(routing_request(), first.candidates("m"))
+    assert decision.engine.name == B
+
+
+def test_the_live_set_counts_the_blocks_its_siblings_made_live(path: str) -> None:
+    now = [100.0]
+    one, two = LoadBoard(path, 0), LoadBoard(path, 1)
+    for board in (one, two):
+        pool_on(board, A, B)
+    mine = LiveSet(window_s=30.0, clock=lambda: now[0], board=one)
+    theirs = LiveSet(window_s=30.0, clock=lambda: now[0], board=two)
+    theirs.touch(A, list(range(10)))
+    assert (mine.blocks(A), mine.blocks(B)) == (10, 0)
+    now[0] = 110.0
+    mine.touch(A, list(range(100, 105)))
+    assert mine.blocks(A) == theirs.blocks(A) == 15
+    # the sibling routes nothing more: its count, taken over a window ago, expired with its
+    # blocks; this worker's own, touched later, are still live
+    now[0] = 131.0
+    assert mine.blocks(A) == 5
+    theirs.touch(B, [7])
+    theirs.forget(B)  # the engine lost its cache: the siblings no longer count what it held
+    assert mine.blocks(B) == 0
+
+
+@pytest.mark.parametrize("filled_first", [True, False])
+async def test_a_new_context_goes_where_no_sibling_made_blocks_live(
+    path: str, filled_first: bool
+) -> None:
+    one, two = LoadBoard(path, 0), LoadBoard(path, 1)
+    names = (A, B) if filled_first else (B, A)  # the filled engine first or last: no tie decides
+    first, _ = pool_on(one, *names), pool_on(two, *names)
+    LiveSet(board=two).touch(A, list(range(2000)))  # the sibling just placed a context on A
+    costs = CostModel(live=LiveSet(board=one))
     context = PluginContext(first, tokenizer=BuiltinTokenizer(), kv_index=KvIndex(), costs=costs)
     decision, _ = await build_policy("kv", context).route(routing_request(), first.candidates("m"))
     assert decision.engine.name == B
