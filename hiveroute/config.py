@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import os
+import socket
 import types
 import typing
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from hiveroute.errors import ConfigError
+from hiveroute.runtime import available_cores
 
 # Agent roles seen in practice; any other role is counted as "other", a missing one as "none".
 DEFAULT_ROLES = (
@@ -105,6 +107,16 @@ def _opt(help: str, default: Any = dataclasses.MISSING, **extra: Any) -> Any:
 
 MAX_WORKERS = 8  # `workers` beyond this gain little: the engines, not the router, are the limit
 
+
+def default_workers() -> int:
+    """One router process per core the router may use, at most MAX_WORKERS: one Python process
+    uses one core, and requests on agentic traffic cost the router about a millisecond each.
+    Without SO_REUSEPORT (Windows) workers cannot share a port: one."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        return 1
+    return min(available_cores(), MAX_WORKERS)
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # what --log-level accepts
 
 
@@ -112,10 +124,13 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # what --log-lev
 class RouterConfig:
     host: str = _opt("address to listen on", "0.0.0.0")
     port: int = _opt("port to listen on", 8080)
-    workers: int = _opt(
-        f"router processes serving the port (SO_REUSEPORT), sharing state, at most "
-        f"{MAX_WORKERS}; 1 (the default): a single process, whose routing the benchmarks measure",
-        1,
+    workers: int = field(
+        default_factory=default_workers,
+        metadata={
+            "help": f"router processes serving the port (SO_REUSEPORT), sharing state, 1.."
+            f"{MAX_WORKERS}; default: one per core this process may use (its CPU affinity and "
+            f"cgroup quota), at most {MAX_WORKERS}"
+        },
     )
     engine: list[str] = _opt(
         "engine URL, optionally with ',events=tcp://HOST:PORT'; repeat for several. "
