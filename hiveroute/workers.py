@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import logging
 import multiprocessing
@@ -26,9 +28,10 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -54,7 +57,8 @@ log = logging.getLogger("hiveroute.workers")
 WORKER_HEADER = "X-Hiveroute-Worker"  # the pid of the worker that served a response
 STOP_TIMEOUT_S = 30.0
 READY_TIMEOUT_S = 120.0
-PARENT_POLL_S = 0.5  # how often a worker checks that its parent is alive
+PARENT_POLL_S = 0.5  # how often a worker checks that its parent is alive (not on Linux)
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 # what a worker and its parent say on the worker's pipe, in this order
 ASSEMBLED = "assembled"  # worker: my router is built; I listen when you say so
 LISTEN = "listen"  # parent: every worker is assembled
@@ -71,6 +75,7 @@ class WorkerSpec:
     run_dir: str
     state_path: str | None  # the parent's state socket; None: `state` is Redis
     board_path: str | None = None  # the workers' load board (engines/load_board.py)
+    parent_pid: int = field(default_factory=os.getpid)  # made in the parent: its pid
 
     def metrics_socket(self, index: int) -> str:
         return os.path.join(self.run_dir, f"worker-{index}.sock")
@@ -227,17 +232,17 @@ async def _stop(processes: list[Any]) -> None:
 
 def worker_main(spec: WorkerSpec, parent: Connection) -> None:
     """A worker process: one whole router on the shared port."""
+    killed_with_parent = die_with_parent(spec.parent_pid)
     configure_logging(spec.config.log_level)
     try:
-        runtime.run(_worker(spec, parent))
+        runtime.run(_worker(spec, parent, watch_parent=not killed_with_parent))
     except Exception as exc:  # tell the parent why, once, rather than a silent exit
         with contextlib.suppress(OSError, ValueError):
             parent.send(f"{type(exc).__name__}: {exc}")
         raise SystemExit(1) from None
 
 
-async def _worker(spec: WorkerSpec, parent: Connection) -> None:
-    parent_pid = os.getppid()
+async def _worker(spec: WorkerSpec, parent: Connection, *, watch_parent: bool) -> None:
     store = SharedStateClient(spec.state_path) if spec.state_path else None
     board = LoadBoard(spec.board_path, spec.index) if spec.board_path else None
     router = assemble(spec.config, store=store, board=board)
@@ -261,7 +266,10 @@ async def _worker(spec: WorkerSpec, parent: Connection) -> None:
     parent.send(READY)
     parent.close()
     try:
-        await _first_of(wait_for_shutdown_signal(), _until_orphaned(parent_pid))
+        if watch_parent:
+            await _first_of(wait_for_shutdown_signal(), _until_orphaned(spec.parent_pid))
+        else:
+            await wait_for_shutdown_signal()
     finally:
         await private.cleanup()
         await siblings.close()
@@ -270,13 +278,30 @@ async def _worker(spec: WorkerSpec, parent: Connection) -> None:
             board.close()
 
 
+def die_with_parent(parent_pid: int) -> bool:
+    """A parent killed outright (SIGKILL, the OOM killer) sends its workers nothing: they would
+    go on holding the port without the state store it served, beside the workers of the router
+    a supervisor restarts. So a crash of the parent is a crash of the router: on Linux the
+    kernel kills the worker with it (PR_SET_PDEATHSIG; True); elsewhere (False) the worker
+    watches for it (`_until_orphaned`)."""
+    armed = False
+    libc_name = ctypes.util.find_library("c") if sys.platform == "linux" else None
+    if libc_name is not None:
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(libc_name, use_errno=True)
+            armed = libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) == 0
+    if os.getppid() != parent_pid:  # it died before the request above
+        os._exit(1)
+    return armed
+
+
 async def _until_orphaned(parent_pid: int) -> None:
-    """Return once the parent is gone. A parent killed outright (SIGKILL, the OOM killer) sends
-    no SIGTERM: its workers would go on holding the port without the state store it served,
-    and a supervisor restarting the router would find the port taken."""
+    """Where the kernel cannot kill a worker with its parent (`die_with_parent`): exit, as the
+    parent did, once it is gone."""
     while os.getppid() == parent_pid:
         await asyncio.sleep(PARENT_POLL_S)
-    log.error("the parent process %d is gone: this worker stops", parent_pid)
+    log.error("the parent process %d is gone: this worker exits", parent_pid)
+    os._exit(1)
 
 
 async def _first_of(*waits: Coroutine[Any, Any, None]) -> None:

@@ -163,6 +163,13 @@ async def test_the_workers_stop_when_their_parent_is_killed_outright(
         sock.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
 
 
+def test_where_the_kernel_cannot_kill_a_worker_with_its_parent_it_exits_when_orphaned() -> None:
+    # the fallback of platforms without PR_SET_PDEATHSIG: its parent (pid -1) is already gone
+    code = "import asyncio; from hiveroute.workers import _until_orphaned as u; asyncio.run(u(-1))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "is gone: this worker exits" in done.stderr
+
+
 def _running(pid: int) -> bool:
     """Whether `pid` is a live process (a zombie, exited but not reaped, is not)."""
     try:
