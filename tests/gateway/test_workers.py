@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -151,16 +150,19 @@ async def test_the_workers_stop_when_their_parent_is_killed_outright(
     assert len(served) == 2
     proc.kill()  # SIGKILL: the parent cannot pass a SIGTERM on
     await proc.wait()
-    alive = set(served)
-    for _ in range(300):  # a bound, not a timing: they poll for their parent twice a second
+    port = int(url.rsplit(":", 1)[1])
+    alive, listening = set(served), True
+    for _ in range(300):  # a bound, not a timing (the kernel frees a dead worker's socket a
+        # moment after its process: wait for both)
         alive = {pid for pid in alive if _running(int(pid))}
-        if not alive:
+        # nothing listens on the port (a connection might still meet a TIME_WAIT the killed
+        # workers left, so the kernel's table of listeners is what tells)
+        listening = _listening(port)
+        if not alive and not listening:
             break
         await asyncio.sleep(0.1)
     assert not alive, f"workers {sorted(alive)} outlived their parent"
-    with socket.socket() as sock:  # and the port is free for a restarted router
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
-        sock.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+    assert not listening, f"port {port} still has a listener"
 
 
 def test_where_the_kernel_cannot_kill_a_worker_with_its_parent_it_exits_when_orphaned() -> None:
@@ -168,6 +170,17 @@ def test_where_the_kernel_cannot_kill_a_worker_with_its_parent_it_exits_when_orp
     code = "import asyncio; from hiveroute.workers import _until_orphaned as u; asyncio.run(u(-1))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "is gone: this worker exits" in done.stderr
+
+
+def _listening(port: int) -> bool:
+    """Whether a TCP socket of this host listens on `port` (/proc/net/tcp: state 0A)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as rows:
+            for row in list(rows)[1:]:
+                local, state = row.split()[1], row.split()[3]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                    return True
+    return False
 
 
 def _running(pid: int) -> bool:
