@@ -1,8 +1,11 @@
 """The state-store interface: what several router replicas must agree on.
 
-Workflow records and their home engines, shared contexts, session affinity and speculative
-index entries live here. The operations are the ones Redis offers cheaply, so a Redis store is
-a thin mapping (GET/SET NX PX, WATCH or a Lua CAS, HSET/HINCRBY, RPUSH+LTRIM, SCAN):
+Workflow records and their home engines, shared contexts, response-id affinity and shared
+counters live here. The KV index does not: each replica (and each worker) keeps its own, fed by
+the engines' events, with its own speculative entries.
+
+The operations are the ones Redis offers cheaply, so a Redis store is a thin mapping (GET/SET
+NX PX, WATCH or a Lua CAS, HSET/HINCRBY, RPUSH+LTRIM, SCAN):
 
 - string values with an optional TTL; `set_if_absent` and `compare_and_set` decide races such
   as two replicas choosing a workflow's home engine (both read back the winner);
