@@ -50,10 +50,15 @@ returning prompt's blocks its engine still held, and returns per new context, la
 is least-recently-used; taking an evicted block to be live with the live share's probability,
 as random eviction would, prices a cache filling up before it is full, not only at the edge.)
 
-Costs within the TTFT predictor's recent relative error of the least (the root mean square of
-|measured - predicted| / the larger of the two, `TtftPredictor.relative_error`) are equal: the
-sum cannot tell them apart, so no engine is clearly better, and the decision among them is
-plain load balancing: the caller's preference (a workflow's homes) first, then the engine with
+Costs that exceed the least by less than the TTFT predictor's recent relative error (the root
+mean square of |measured - predicted| / the larger of the two, `TtftPredictor.relative_error`)
+of the least costly engine's predicted TTFT are equal: the sum cannot tell them apart, so no
+engine is clearly better, and the decision among them is plain load balancing. The band is
+that share of the TTFT, not of the whole sum: the predictor is unsure of the TTFT, while the
+other terms multiply measured numbers (per-token prefill cost, queue depth, live share), and
+a band scaled by them made a queued prefill known to lengthen a TTFT by half a tie wherever
+they were large (a 32k-token prompt's delay and eviction are each about its prefill). Among
+equal costs: the caller's preference (a workflow's homes) first, then the engine with
 the fewest live blocks, the fewest requests in flight, and the most of the prompt cached. An
 idle fleet fills evenly, and a prediction's noise (a millisecond or two between engines of one
 kind) cannot send every new context to one engine.
@@ -211,11 +216,12 @@ class RoutingCost:
         return priced
 
     def cheapest(self, costs: Sequence[EngineCost], prefer: Sequence[str] = ()) -> EngineCost:
-        """The least costly engine. Costs within the TTFT predictor's recent relative error of
-        the least are equal (no clear benefit): among them the engines named in `prefer`, in its
-        order, then the emptiest (`EngineCost.rank`)."""
-        least = min(c.total_s for c in costs)
-        bound = least * (1.0 + self.ledger.predictor.relative_error())
+        """The least costly engine. Costs above the least by less than the TTFT predictor's
+        recent relative error of the least costly engine's predicted TTFT are equal (no clear
+        benefit): among them the engines named in `prefer`, in its order, then the emptiest
+        (`EngineCost.rank`)."""
+        least = min(costs, key=lambda c: c.total_s)
+        bound = least.total_s + least.ttft_s * self.ledger.predictor.relative_error()
         equal = [c for c in costs if c.total_s <= bound]
         order = {name: i for i, name in enumerate(prefer)}
         return min(equal, key=lambda c: c.rank(order.get(c.engine.name, len(order))))

@@ -145,3 +145,33 @@ def test_costs_within_the_predictions_error_go_to_the_emptier_engine() -> None:
     far = cost.price(empty, 1000, CachedPrompt(gpu_tokens=900))  # a clear benefit still wins
     assert cost.cheapest([prices[0], far]).engine is empty
     assert cost.cheapest([far, prices[0]], prefer=[holder.name]).engine is empty
+
+
+def test_the_band_of_equal_costs_is_the_predictors_error_of_a_ttft_not_of_the_whole_sum() -> None:
+    """A new 2,000-token context, and an engine that is emptier but has as long a prefill
+    queued: its predicted TTFT is about twice the idle engine's. The delay and eviction terms
+    are alike on both, so the sums differ by a quarter; with the predictor 40 % off lately, a
+    band of 40 % of the sum would call them equal and send the request to the emptier engine,
+    behind the queued prefill. The predictor is unsure of the TTFT only: 40 % of the idle
+    engine's TTFT is less than the queue costs, and the idle engine gets it."""
+    clock = Clock()
+    cost, engines = pricing(clock)
+    queued, idle, learner = engines[0], engines[1], engines[2]
+    queued.kv_capacity_blocks = idle.kv_capacity_blocks = 400
+    cost.live.touch(queued.name, list(range(300)))  # three quarters of its cache live
+    cost.live.touch(idle.name, list(range(1000, 1400)))  # all of it live
+    cost.ledger.routed(queued, 2000, CycleState())  # a 2,000-token prefill queued there
+    predictor = cost.ledger.predictor
+    for i in range(50):  # what another engine measured: 40 % either side of the prediction
+        predicted = predictor.predict(learner.name, queue_depth=0, uncached_tokens=2000)
+        ttft = predicted / 0.6 if i % 2 else predicted * 0.6
+        predictor.observe(learner.name, queue_depth=0, uncached_tokens=2000, ttft_s=ttft)
+    error = predictor.relative_error()
+    assert error == pytest.approx(0.4, abs=0.02)
+    busy, free = cost.price(queued, 2000, CachedPrompt()), cost.price(idle, 2000, CachedPrompt())
+    assert busy.ttft_s > 1.8 * free.ttft_s  # the queued prefill
+    assert busy.live_blocks < free.live_blocks  # the emptier engine, were they equal
+    assert free.total_s < busy.total_s <= free.total_s * (1.0 + error)  # within 40 % of the sum
+    assert busy.total_s > free.total_s + error * free.ttft_s  # not within 40 % of the TTFT
+    assert cost.cheapest([busy, free]).engine is idle
+    assert cost.cheapest([free, busy], prefer=[queued.name]).engine is idle  # nor for a home
