@@ -55,10 +55,10 @@ mean square of |measured - predicted| / the larger of the two, `TtftPredictor.re
 of the least costly engine's predicted TTFT are equal: the sum cannot tell them apart, so no
 engine is clearly better, and the decision among them is plain load balancing. The band is
 that share of the TTFT, not of the whole sum: the predictor is unsure of the TTFT, while the
-other terms multiply measured numbers (per-token prefill cost, queue depth, live share), and
-a band scaled by them made a queued prefill known to lengthen a TTFT by half a tie wherever
-they were large (a 32k-token prompt's delay and eviction are each about its prefill). Among
-equal costs: the caller's preference (a workflow's homes) first, then the engine with
+other terms multiply measured numbers (per-token prefill cost, queue depth, live share). Scaled
+by the whole sum, the band grew with those terms (a 32k-token prompt's delay and eviction are
+each about its prefill) until a prefill queued ahead, known to make the TTFT half as long
+again, counted as a tie. Among equal costs: the caller's preference (a workflow's homes) first, then the engine with
 the fewest live blocks, the fewest requests in flight, and the most of the prompt cached. An
 idle fleet fills evenly, and a prediction's noise (a millisecond or two between engines of one
 kind) cannot send every new context to one engine.
