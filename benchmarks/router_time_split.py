@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.report import write_report
-
-ACCESS_LOGGER = "hiveroute.access"
+from hiveroute.bench.summary import percentile
+from hiveroute.gateway.access_log import ACCESS_LOGGER
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,11 @@ BURST_S = 0.020
 BURSTS = ((0, 0, "none"), (1, 2, "1-2"), (3, 5, "3-5"), (6, 10**9, "6+"))
 
 
-def _quantile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[round(q * (len(ordered) - 1))]
+def _p90(values: Sequence[float]) -> float:
+    found = percentile(values, 90)
+    if found is None:  # split() refuses a run without requests, so never
+        raise ValueError("no values")
+    return found
 
 
 def _access_lines(log_dir: Path) -> Iterable[dict[str, object]]:
@@ -113,8 +115,8 @@ def table(splits: Sequence[TimeSplit]) -> str:
         "|---|---:|---:|---:|---|---|",
     ]
     for s in splits:
-        out = f"{statistics.median(s.outside):.1f} / {statistics.fmean(s.outside):.1f} / {_quantile(s.outside, 0.9):.1f}"
-        inside = f"{statistics.median(s.in_handler):.2f} / {statistics.fmean(s.in_handler):.2f} / {_quantile(s.in_handler, 0.9):.2f}"
+        out = f"{statistics.median(s.outside):.1f} / {statistics.fmean(s.outside):.1f} / {_p90(s.outside):.1f}"
+        inside = f"{statistics.median(s.in_handler):.2f} / {statistics.fmean(s.in_handler):.2f} / {_p90(s.in_handler):.2f}"
         rows.append(
             f"| {s.run} | {s.requests} | {s.client_ttft_mean:.1f} | {s.router_ttft_mean:.1f} | {out} | {inside} |"
         )
