@@ -58,10 +58,10 @@ that share of the TTFT, not of the whole sum: the predictor is unsure of the TTF
 other terms multiply measured numbers (per-token prefill cost, queue depth, live share). Scaled
 by the whole sum, the band grew with those terms (a 32k-token prompt's delay and eviction are
 each about its prefill) until a prefill queued ahead, known to make the TTFT half as long
-again, counted as a tie. Among equal costs: the caller's preference (a workflow's homes) first, then the engine with
-the fewest live blocks, the fewest requests in flight, and the most of the prompt cached. An
-idle fleet fills evenly, and a prediction's noise (a millisecond or two between engines of one
-kind) cannot send every new context to one engine.
+again, counted as a tie. Among equal costs: the caller's preference (a workflow's homes)
+first, then the engine with the fewest live blocks, the fewest requests in flight, and the most
+of the prompt cached. An idle fleet fills evenly, and a prediction's noise (a millisecond or two
+between engines of one kind) cannot send every new context to one engine.
 """
 
 from __future__ import annotations
