@@ -36,11 +36,10 @@ from typing import Any
 
 import aiohttp
 
+from hiveroute.bench.redis_server import RedisServer
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-sys.path.insert(0, str(ROOT))
-
-from tests.support.services import RedisServer  # noqa: E402  (the tests' Redis launcher)
 
 ENGINES = 4
 WORDS = "alpha beta gamma delta kernel cache block token agent plan tool result index".split()

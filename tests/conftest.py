@@ -74,7 +74,7 @@ def vllm_server(tiny_model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.fixture
 def redis_server(tmp_path: Any) -> Any:
     """A real redis-server on a free port, stopped after the test."""
-    from tests.support.services import RedisServer
+    from hiveroute.bench.redis_server import RedisServer
 
     server = RedisServer(workdir=tmp_path)
     server.start()

@@ -26,19 +26,13 @@ DOWNSTREAM_ROLES = ("executor", "validator")  # agents that start from another's
 
 
 def plan(cell: Cell, routers: list[str], *, refs: bool = True, ideal: bool = True) -> list[str]:
-    """The routers a cell runs: the given ones; in role-first agentic cells with one replica,
-    hiveroute:workflow also with its context referenced (REFS); where the working set fits
-    (and one replica: the ideal has no router to replicate), the one-cache ideal."""
-    out = [r for r in routers if not r.endswith(REFS) or (cell.role_first and cell.replicas == 1)]
+    """The routers a cell runs: the given ones; in role-first agentic cells, hiveroute:workflow
+    also with its context referenced (REFS); where the working set fits (and one replica: the
+    ideal has no router to replicate), the one-cache ideal."""
+    out = [r for r in routers if not r.endswith(REFS) or cell.role_first]
     with_refs = "hiveroute:workflow" + REFS
     single = cell.replicas == 1
-    if (
-        refs
-        and cell.role_first
-        and single
-        and "hiveroute:workflow" in routers
-        and with_refs not in out
-    ):
+    if refs and cell.role_first and "hiveroute:workflow" in routers and with_refs not in out:
         out.append(with_refs)
     if ideal and cell.fits and single and IDEAL not in out:
         out.append(IDEAL)
@@ -66,6 +60,8 @@ def harness_argv(
             argv.append("--context-refs")
         if cell.replicas > 1:
             argv += ["--router-replicas", str(cell.replicas)]
+            if router.endswith(REFS):  # a context registered with one replica, used at all
+                argv += ["--router-state", "redis"]
     return argv + workload_args(cell, time_scale, seed)
 
 

@@ -10,7 +10,7 @@ from hiveroute import runtime
 from hiveroute.bench.driver import MODES, DriverOptions
 from hiveroute.bench.engines import ENGINE_KINDS, EngineOptions
 from hiveroute.bench.harness import RunOptions, RunResult, run_benchmark
-from hiveroute.bench.targets import MAX_REPLICAS, TargetSpec, check_replicas
+from hiveroute.bench.targets import MAX_REPLICAS, ROUTER_STATES, TargetSpec, check_replicas
 from hiveroute.bench.workloads import WORKLOADS, add_workload_arguments
 from hiveroute.bench.workloads.base import (
     non_negative_int,
@@ -95,6 +95,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, slices: int) -> None:
         metavar="N",
         help=f"run each router target as N processes (at most {MAX_REPLICAS}) in front of its "
         "engines, requests sent to each in turn, as behind a load balancer",
+    )
+    parser.add_argument(
+        "--router-state",
+        choices=ROUTER_STATES,
+        default="memory",
+        help="where a hiveroute target's replicas keep workflows, homes and registered "
+        "contexts: memory (each its own, the router's default) or redis (a private "
+        "redis-server the harness starts per target, shared by its replicas)",
     )
     d = DriverOptions()
     g = parser.add_argument_group("driver")
@@ -195,8 +203,15 @@ def options_from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
             raise ConfigError(
                 f"--context-refs needs hiveroute targets (no context API): {', '.join(others)}"
             )
-        if args.router_replicas > 1:
-            raise ConfigError("--context-refs registers contexts with one router replica only")
+        if args.router_replicas > 1 and args.router_state == "memory":
+            raise ConfigError(
+                "--context-refs with --router-replicas: a context is registered with one "
+                "replica, so the replicas must share their state; add --router-state redis"
+            )
+    if args.router_state != "memory" and not any(t.is_hiveroute for t in targets):
+        raise ConfigError(
+            "--router-state is a hiveroute target's state store; no hiveroute target is given"
+        )
     if args.engines == "vllm" and args.preset != EngineOptions().preset:
         raise ConfigError("--preset applies to simulated engines only")
     return RunOptions(
@@ -229,6 +244,7 @@ def options_from_args(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         quiet=args.quiet,
         router_log_level=args.router_log_level,
         router_replicas=args.router_replicas,
+        router_state=args.router_state,
     )
 
 

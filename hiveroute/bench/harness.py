@@ -56,6 +56,7 @@ class RunOptions:
     quiet: bool = False
     router_log_level: str = "warning"  # of `hiveroute serve` targets; info logs each request
     router_replicas: int = 1  # router processes per target, requests sent to each in turn
+    router_state: str = "memory"  # hiveroute targets' state store: memory, or a private Redis
     # How engines are started (tests substitute their own); default: `start_fleet`.
     fleet_factory: Callable[[EngineOptions, Path], Awaitable[Fleet]] | None = None
 
@@ -155,6 +156,7 @@ async def run_benchmark(options: RunOptions) -> RunResult:
                     logs,
                     log_level=options.router_log_level,
                     replicas=options.router_replicas,
+                    state=options.router_state,
                 )
             )
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -222,6 +224,7 @@ async def run_benchmark(options: RunOptions) -> RunResult:
         "slices": options.slices,
         "seed": options.seed,
         "router_replicas": options.router_replicas,
+        "router_state": options.router_state,
     }
     _write(run_dir, cells, summaries, table, meta, options.workloads)
     return RunResult(run_dir, summaries, table)

@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: get SIGTERM if the harness dies (Linux), so nothing orphans."""
     try:
         import ctypes
@@ -51,7 +51,7 @@ class ChildProcess:
                 stderr=log,
                 env={**os.environ, **(env or {})},
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )
         finally:
             log.close()

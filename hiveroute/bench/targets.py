@@ -12,7 +12,9 @@
 Each target runs in front of its own engines (see `compare`), so no target warms another's cache.
 A router target may run as several replicas (`replicas`): that many router processes in front
 of the same engines, each request sent to the next of them, as a load balancer in front of a
-highly available router would.
+highly available router would. A hiveroute target's replicas keep their state each in memory
+(`state="memory"`, the router's default) or share it in a private Redis that the harness starts
+for the target (`state="redis"`), as the README's "Several replicas" section deploys them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from urllib.parse import urlsplit
 from hiveroute.bench.engines import Fleet
 from hiveroute.bench.peers import PEERS, ensure_peer, peer_argv
 from hiveroute.bench.procs import ChildProcess, wait_http_ok
+from hiveroute.bench.redis_server import RedisServer
 from hiveroute.errors import ConfigError
 from hiveroute.runtime import free_port
 
@@ -41,6 +44,7 @@ def best_policy() -> str:
 
 TARGET_KINDS = ("hiveroute", "hiveroute-inproc", "sglang", "smg", "vllm-router", "engine")
 URL_KIND = "url"  # a running deployment, given as http(s)://HOST:PORT
+ROUTER_STATES = ("memory", "redis")  # where a hiveroute target's replicas keep their state
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,11 @@ class TargetSpec:
     def external(self) -> bool:
         """Already running: the harness starts no engines and no router for it."""
         return self.kind == URL_KIND
+
+    @property
+    def is_hiveroute(self) -> bool:
+        """A hiveroute router the harness starts (its state store is the harness's to choose)."""
+        return self.kind.startswith("hiveroute")
 
     @classmethod
     def parse(cls, text: str) -> TargetSpec:
@@ -120,6 +129,11 @@ def check_replicas(replicas: int, name: str = "replicas") -> None:
         raise ConfigError(f"{name} must be between 1 and {MAX_REPLICAS}, got {replicas}")
 
 
+def check_router_state(state: str, name: str = "state") -> None:
+    if state not in ROUTER_STATES:
+        raise ConfigError(f"{name} must be one of {', '.join(ROUTER_STATES)}, got {state!r}")
+
+
 @dataclass
 class RunningTarget:
     """A started target: the URLs to send requests to (one per router replica)."""
@@ -128,6 +142,7 @@ class RunningTarget:
     urls: list[str]
     _children: list[ChildProcess] = field(default_factory=list)
     _inproc: list[Any] = field(default_factory=list)
+    _redis: RedisServer | None = None  # the replicas' shared state, stopped after them
 
     @property
     def url(self) -> str:
@@ -138,6 +153,8 @@ class RunningTarget:
             await child.stop()
         for running in self._inproc:
             await running.stop()
+        if self._redis is not None:
+            self._redis.stop()
 
 
 async def start_target(
@@ -147,14 +164,17 @@ async def start_target(
     timeout_s: float = 60.0,
     log_level: str = "warning",
     replicas: int = 1,
+    state: str = "memory",
 ) -> RunningTarget:
     """Start `spec` in front of `fleet` (as `replicas` router processes) and wait until every
     one answers.
 
     `log_level` is a `hiveroute serve` target's: at `info` its log (in `log_dir`) has one JSON
     line per request with the engine, policy and reason, which is how a benchmark's decisions
-    are read afterwards. The `engine` target has no router, so no replicas either."""
+    are read afterwards. `state` is a hiveroute target's state store (ROUTER_STATES); peers
+    have none. The `engine` target has no router, so no replicas either."""
     check_replicas(replicas)
+    check_router_state(state)
     if spec.url is not None:  # running already: check it answers
         await wait_http_ok(
             spec.url + "/v1/models", None, min(timeout_s, 5.0), f"target {spec.label}"
@@ -164,10 +184,17 @@ async def start_target(
         return RunningTarget(spec, [fleet.urls[0]])
     target = RunningTarget(spec, [])
     try:
+        store = "memory"
+        if state == "redis" and spec.is_hiveroute:
+            redis_dir = log_dir / f"redis-{spec.label.replace(':', '-')}"
+            redis_dir.mkdir(parents=True, exist_ok=True)
+            target._redis = RedisServer(workdir=redis_dir)
+            target._redis.start()  # blocks for the few ms redis-server takes to answer
+            store = target._redis.url
         for i in range(replicas):
             suffix = "" if i == 0 else f"-replica{i + 1}"
             log = log_dir / f"target-{spec.label.replace(':', '-')}{suffix}.log"
-            await _start_replica(spec, fleet, log, timeout_s, log_level, target)
+            await _start_replica(spec, fleet, log, timeout_s, log_level, target, store)
     except BaseException:
         await target.stop()
         raise
@@ -181,8 +208,10 @@ async def _start_replica(
     timeout_s: float,
     log_level: str,
     target: RunningTarget,
+    store: str,
 ) -> None:
-    """Start one router for `spec` and add it (its URL and its process) to `target`."""
+    """Start one router for `spec` and add it (its URL and its process) to `target`; a
+    hiveroute router keeps its state in `store` ("memory" or a Redis URL)."""
     if spec.kind == "hiveroute-inproc":
         from hiveroute.config import RouterConfig
         from hiveroute.server import start_router
@@ -193,6 +222,7 @@ async def _start_replica(
             engine=list(fleet.specs),
             policy=spec.policy or "",
             policies=user_policies(),
+            state=store,
         )
         running = await start_router(config.validate())
         target._inproc.append(running)
@@ -203,6 +233,8 @@ async def _start_replica(
     if spec.kind == "hiveroute":
         argv = [sys.executable, "-m", "hiveroute", "serve", "--host", "127.0.0.1"]
         argv += ["--port", str(port), "--policy", spec.policy or "", "--log-level", log_level]
+        if store != "memory":  # else what HIVEROUTE_CONFIG says, if anything
+            argv += ["--state", store]
         for engine in fleet.specs:
             argv += ["--engine", engine]
         ready = "/health"

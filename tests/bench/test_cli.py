@@ -60,7 +60,11 @@ def test_argument_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[s
         ),
         (
             ["bench", "run", "--context-refs", "--router-replicas", "2"],
-            "--context-refs registers contexts with one router replica only",
+            "the replicas must share their state; add --router-state redis",
+        ),
+        (
+            ["bench", "run", "--target", "smg", "--router-state", "redis"],
+            "no hiveroute target is given",
         ),
         (
             ["bench", "run", "--router-replicas", "17"],
@@ -80,7 +84,10 @@ def test_defaults_and_target_parsing() -> None:
     options = options_from_args(args, ["hiveroute", "bench", "compare"])
     assert [t.label for t in options.targets] == [f"hiveroute:{best_policy()}"]
     assert options.workloads == ["agentic"] and options.slices == 3
-    assert options.router_replicas == 1
+    assert options.router_replicas == 1 and options.router_state == "memory"
+    shared = ["bench", "run", "--context-refs", "--router-replicas", "2", "--router-state", "redis"]
+    options = options_from_args(build_parser().parse_args(shared), ["hiveroute", *shared])
+    assert options.router_replicas == 2 and options.router_state == "redis"
     assert TargetSpec.parse("sglang").label == "sglang:cache_aware"
     assert TargetSpec.parse("vllm-router:round_robin").policy == "round_robin"
     assert TargetSpec.parse("hiveroute").label == "hiveroute:round_robin"

@@ -121,14 +121,22 @@ def test_plan_adds_referenced_contexts_in_role_first_cells_and_the_ideal_where_i
     assert "hiveroute:workflow+refs" not in plan(
         by_name["ag-f2-c4k-g0.2-context"], ["hiveroute:workflow"]
     )
-    assert "hiveroute:workflow+refs" not in plan(
-        by_name["ag-f8-c4k-g0.2-role-x2"], ["hiveroute:workflow"]
-    )
+    replicated = by_name["ag-f8-c4k-g0.2-role-x2"]
+    assert plan(replicated, ["hiveroute:workflow"]) == [
+        "hiveroute:workflow",
+        "hiveroute:workflow+refs",
+    ]
     assert plan(role, ["hiveroute:workflow"], refs=False) == ["hiveroute:workflow"]
     assert plan(by_name["mt-s00-w050-u2"], ["smg"]) == ["smg", "ideal"]
     assert plan(by_name["mt-s00-w130-u32"], ["smg"]) == ["smg"]
     refs = harness_argv(role, "hiveroute:workflow+refs", 0, 0.5, Path("o"))
     assert "--context-refs" in refs and refs[refs.index("--target") + 1] == "hiveroute:workflow"
+    assert "--router-state" not in refs  # one replica: its own memory is shared enough
+    # two replicas reference a context registered with one of them: they share a Redis
+    shared = harness_argv(replicated, "hiveroute:workflow+refs", 0, 0.5, Path("o"))
+    assert shared[shared.index("--router-state") + 1] == "redis"
+    inline = harness_argv(replicated, "hiveroute:workflow", 0, 0.5, Path("o"))
+    assert "--router-state" not in inline  # the default policy in the router's default state
 
 
 def test_cells_are_selected_by_name_or_prefix() -> None:

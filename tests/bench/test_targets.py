@@ -56,6 +56,30 @@ async def test_a_router_target_runs_as_replicas_each_answering(
         await start_target(spec, fleet, tmp_path, replicas=0)
 
 
+@pytest.mark.parametrize("state", ["memory", "redis"])
+async def test_replicas_share_a_workflow_only_when_their_state_is_in_redis(
+    fake_engine: FakeEngine, tmp_path: Path, state: str
+) -> None:
+    fleet = Fleet(specs=[fake_engine.url], urls=[fake_engine.url], kind="fake")
+    spec = TargetSpec.parse("hiveroute:workflow")
+    target = await start_target(spec, fleet, tmp_path, replicas=2, state=state)
+    try:
+        first, second = target.urls
+        async with aiohttp.ClientSession() as http:
+            async with http.post(first + "/v1/workflows", json={"id": "wf-shared"}) as created:
+                assert created.status == 201
+            async with http.get(second + "/v1/workflows/wf-shared") as seen:
+                assert seen.status == (200 if state == "redis" else 404)
+    finally:
+        await target.stop()
+    redis = target._redis
+    assert (redis is not None) == (state == "redis")
+    if redis is not None:
+        assert redis.process is None  # stopped with the target
+    with pytest.raises(ConfigError, match="state must be one of memory, redis"):
+        await start_target(spec, fleet, tmp_path, state="etcd")
+
+
 @pytest.mark.parametrize("level", ["info", "warning"])
 async def test_router_log_level_decides_whether_each_request_is_logged(
     fake_engine: FakeEngine, tmp_path: Path, level: str

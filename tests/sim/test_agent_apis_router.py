@@ -17,12 +17,12 @@ import anthropic
 import openai
 import pytest
 
+from hiveroute.bench.redis_server import RedisServer
 from hiveroute.protocols.anthropic import cache_control_prefix
 from hiveroute.sim import SimFleet
 from tests.conftest import RouterFactory
 from tests.sim.conftest import FleetFactory, urls
 from tests.support.access import access_lines
-from tests.support.services import RedisServer
 
 ENGINE = "X-Hiveroute-Engine"
 

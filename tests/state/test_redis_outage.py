@@ -12,11 +12,11 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
+from hiveroute.bench.redis_server import RedisServer
 from hiveroute.errors import ConfigError
 from hiveroute.observability.metrics import StateMetrics
 from hiveroute.runtime import free_port
 from hiveroute.state.redis import RedisStateStore, parse_redis_url
-from tests.support.services import RedisServer
 from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.services

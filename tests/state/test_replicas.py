@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
+from hiveroute.bench.redis_server import RedisServer
 from hiveroute.server import RunningRouter
 from tests.conftest import RouterFactory
 from tests.support.fake_engine import FakeEngine
-from tests.support.services import RedisServer
 from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.services

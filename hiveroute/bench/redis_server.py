@@ -1,20 +1,26 @@
-"""Real services for tests: Redis (Debian's redis-server) on a free loopback port."""
+"""A private Redis (Debian's redis-server) on a free loopback port, nothing saved to disk.
+
+The harness starts one for the replicas of a hiveroute target that share their state
+(`hiveroute bench --router-state redis`); the tests start one per test, and stop and start it
+again to simulate an outage."""
 
 from __future__ import annotations
 
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hiveroute.bench.procs import die_with_parent
 from hiveroute.runtime import free_port
 
 
 @dataclass
 class RedisServer:
-    """A throwaway redis-server; `stop()` and `start()` again simulate an outage."""
+    """A throwaway redis-server in `workdir`; `stop()` and `start()` again keep its port."""
 
     workdir: Path
     port: int = 0
@@ -27,12 +33,16 @@ class RedisServer:
     def start(self) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            raise RuntimeError("redis-server is not installed (scripts/test installs it)")
+            raise RuntimeError(
+                "redis-server is not installed: apt-get install redis-server "
+                "(scripts/test installs it)"
+            )
         self.port = self.port or free_port()
         self.process = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.workdir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )  # fmt: skip
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
