@@ -12,6 +12,13 @@ cached encoding has a token starting exactly there, tokens before it are final. 
 without a byte-level pre-tokenizer, with a normalizer, or with special tokens containing a
 space are encoded whole (the cache disables itself), so ids always equal a full encode.
 
+A long part that recurs after different beginnings (an agentic workflow's shared context
+behind each agent's own role prompt: "role first") shares no prefix with what came before. Given
+anchors where such parts may begin (a chat message's content), the text is cut at the first
+split after each anchor that is safe from the text alone (`segment_split`), and each piece is
+encoded through the cache as a text of its own: the context's piece of one agent's prompt finds
+the same context's piece of another's.
+
 Finding the cached text that shares the longest prefix costs two comparisons, not one per
 entry: entries are kept sorted by text, and the one sharing the most with a new text is next to
 where the new text would sort (every text sorted between two others shares at least what those
@@ -48,6 +55,7 @@ MAX_ENTRIES = 1024
 MAX_TOKENS = 2_000_000
 _PROBE = 256  # characters that pick candidate entries (a prefix shorter than this is no win)
 _MAX_BACKOFF_TOKENS = 256
+_SEGMENT_SEARCH = 256  # characters after an anchor searched for a safe split
 
 
 # (block size, salt) -> one encoding's block keys, once a request keyed them
@@ -165,6 +173,43 @@ def tokenizer_supports_prefix_reuse(tokenizer_json: str) -> bool:
     return "ByteLevel" in kinds and all(k in ("ByteLevel", "Split", "Digits") for k in kinds)
 
 
+# Pre-tokenizer regexes under which `byte_level_split` holds from the text alone: the piece
+# before a "<non-space> ␣<letter>" position ends there (no pattern runs from a non-space into a
+# space) and " <letter>..." starts one, as it would at the start of a text (no look-behind).
+# GPT-2's (ByteLevel's own), Llama 3's (and OpenAI's cl100k) and Qwen 2's.
+SEGMENT_SAFE_PATTERNS = frozenset(
+    {
+        r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    }
+)
+
+
+def tokenizer_splits_from_text(tokenizer_json: str) -> bool:
+    """Whether `byte_level_split` is safe for this tokenizer.json without a cached encoding to
+    confirm it: prefix reuse is, and the pre-tokenizer is ByteLevel with its own regex, or a
+    Split on one of SEGMENT_SAFE_PATTERNS (isolated) before a ByteLevel without one."""
+    if not tokenizer_supports_prefix_reuse(tokenizer_json):
+        return False
+    pre = json.loads(tokenizer_json).get("pre_tokenizer") or {}
+    parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    if [p.get("type") for p in parts] == ["ByteLevel"]:
+        return bool(parts[0].get("use_regex", True))
+    if [p.get("type") for p in parts] == ["Split", "ByteLevel"]:
+        split, level = parts
+        pattern = (split.get("pattern") or {}).get("Regex")
+        return (
+            pattern in SEGMENT_SAFE_PATTERNS
+            and split.get("behavior") == "Isolated"
+            and not split.get("invert", False)
+            and not level.get("use_regex", True)
+        )
+    return False
+
+
 def byte_level_split(text: str, pos: int) -> bool:
     """A byte-level BPE's safe split: a space then a letter, after a non-space."""
     return text[pos] == " " and text[pos + 1].isalpha() and not text[pos - 1].isspace()
@@ -185,11 +230,17 @@ class PrefixEncodeCache:
         max_entries: int = MAX_ENTRIES,
         max_tokens: int = MAX_TOKENS,
         safe_split: SplitRule = byte_level_split,
+        segment_split: SplitRule | None = None,
     ) -> None:
+        """`safe_split`: where a cached encoding's tokens before a position are final, given
+        that the cached encoding has a token starting there. `segment_split`: where a text's
+        tokens before and after a position are independent, from the text alone (None: the
+        tokenizer has no such rule, and anchors are ignored)."""
         if max_entries <= 0 or max_tokens <= 0:
             raise ValueError("max_entries and max_tokens must be positive")
         self._encode = encode
         self._safe_split = safe_split
+        self._segment_split = segment_split
         self.max_entries = max_entries
         self.max_tokens = max_tokens
         # (add_special_tokens, first characters) -> that family of entries
@@ -208,7 +259,40 @@ class PrefixEncodeCache:
         """Token ids the cache holds, over all its entries."""
         return self._tokens
 
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool, anchors: Sequence[int] = ()) -> list[int]:
+        """`text`'s token ids, reusing cached encodings; with `anchors` (ascending offsets
+        where a recurring part may begin), encoded piece by piece (see the module's doc)."""
+        cuts = self._cuts(text, anchors) if anchors and self._segment_split else []
+        if not cuts:
+            return self._encode_piece(text, add_special_tokens)
+        first = self._encode_piece(text[: cuts[0]], add_special_tokens)
+        ids = PrefixIds(first)
+        # the whole text's keys start as the first piece's: keyed once, they serve a later text
+        # that shares that piece (its `reused` tokens lie inside it)
+        if isinstance(first, PrefixIds):
+            ids.keys, ids.source_keys, ids.reused = first.keys, first.source_keys, first.reused
+        else:
+            ids.keys, ids.source_keys, ids.reused = {}, None, 0
+        for start, end in zip(cuts, [*cuts[1:], len(text)], strict=True):
+            ids.extend(self._encode_piece(text[start:end], False))
+        return ids
+
+    def _cuts(self, text: str, anchors: Sequence[int]) -> list[int]:
+        """The first segment split at or after each anchor (within `_SEGMENT_SEARCH`
+        characters), ascending, none at either end of the text."""
+        split = self._segment_split
+        assert split is not None
+        cuts: list[int] = []
+        last = len(text) - 1  # a split reads the character after it
+        for anchor in anchors:
+            first = max(anchor, cuts[-1] + 1 if cuts else 1)
+            for pos in range(first, min(first + _SEGMENT_SEARCH, last)):
+                if split(text, pos):
+                    cuts.append(pos)
+                    break
+        return cuts
+
+    def _encode_piece(self, text: str, add_special_tokens: bool) -> list[int]:
         if len(text) < MIN_CACHED_CHARS:
             return self._encode(text, add_special_tokens)[0]
         probe = (add_special_tokens, text[:_PROBE])

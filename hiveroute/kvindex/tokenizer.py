@@ -25,9 +25,12 @@ import numpy as np
 
 from hiveroute.errors import BadRequest, ConfigError
 from hiveroute.kvindex.prefix_cache import (
+    MIN_CACHED_CHARS,
     PrefixEncodeCache,
     Starts,
     any_token_start,
+    byte_level_split,
+    tokenizer_splits_from_text,
     tokenizer_supports_prefix_reuse,
 )
 
@@ -38,7 +41,12 @@ _START = operator.itemgetter(0)  # a token's (start, end) offsets -> its start
 class Tokenizer(Protocol):
     name: str
 
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+    def encode(
+        self, text: str, *, add_special_tokens: bool = True, anchors: Sequence[int] = ()
+    ) -> list[int]:
+        """`anchors`: ascending offsets in `text` where a long part that recurs in other
+        texts may begin (see prefix_cache.py); a hint only, the ids are the same."""
+        ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -77,7 +85,9 @@ def prompt_token_ids(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> l
             add_generation_prompt=bool(body.get("add_generation_prompt", True)),
             tools=body.get("tools"),
         )
-        return tokenizer.encode(text, add_special_tokens=False)
+        return tokenizer.encode(
+            text, add_special_tokens=False, anchors=content_anchors(text, messages)
+        )
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return tokenizer.encode(prompt, add_special_tokens=True)
@@ -88,6 +98,23 @@ def prompt_token_ids(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> l
     raise BadRequest("'prompt' must be a string or a list of token ids", param="prompt")
 
 
+def content_anchors(text: str, messages: list[Any]) -> list[int]:
+    """Where the long message contents begin in the rendered `text`, in order: an agent's
+    shared context may follow a prompt of its own (role first), and is found again there."""
+    anchors: list[int] = []
+    pos = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, str) or len(content) < MIN_CACHED_CHARS:
+            continue
+        found = text.find(content[:64], pos)
+        if found < 0:  # the template changed it: no anchor, nothing else changes
+            continue
+        anchors.append(found)
+        pos = found + 64
+    return anchors
+
+
 # --- built-in ------------------------------------------------------------------------------
 
 _PIECE = re.compile(r"\s+|\w+|[^\w\s]", re.UNICODE)
@@ -95,6 +122,20 @@ _PIECE = re.compile(r"\s+|\w+|[^\w\s]", re.UNICODE)
 # skips the Unicode database. `\s` in Unicode mode also matches \x1c-\x1f, so they are named.
 _ASCII_SPACE = " \t\n\r\f\v\x1c-\x1f"
 _ASCII_PIECE = re.compile(rf"[{_ASCII_SPACE}]+|\w+|[^\w{_ASCII_SPACE}]", re.ASCII)
+
+
+def piece_boundary(text: str, pos: int) -> bool:
+    """Whether a built-in piece ends at `pos` (a run of spaces, of word characters, or one
+    other character), from the two characters around it: then the pieces of `text[:pos]` and
+    `text[pos:]` are `text`'s."""
+    before, after = text[pos - 1], text[pos]
+    if before.isspace():
+        return not after.isspace()
+    if before.isalnum() or before == "_":
+        return not (after.isalnum() or after == "_")
+    return True  # a mark is a piece of its own
+
+
 BUILTIN_VOCAB = 32000
 BUILTIN_SPECIAL = {"<s>": 1, "</s>": 2}
 _FIRST_ID = 16  # ids below are reserved for special tokens
@@ -114,7 +155,9 @@ class BuiltinTokenizer:
         self._ids: dict[str, int] = {}
         self._pieces: dict[int, str] = {}
         # Pieces end where the next begins, so any piece boundary splits a text safely.
-        self.prefix_cache = PrefixEncodeCache(self._encode_with_offsets, safe_split=any_token_start)
+        self.prefix_cache = PrefixEncodeCache(
+            self._encode_with_offsets, safe_split=any_token_start, segment_split=piece_boundary
+        )
 
     def _piece_id(self, piece: str) -> int:
         found = self._ids.get(piece)
@@ -127,8 +170,10 @@ class BuiltinTokenizer:
             self._pieces.setdefault(token, piece)
         return token
 
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        return self.prefix_cache.encode(text, add_special_tokens)
+    def encode(
+        self, text: str, *, add_special_tokens: bool = True, anchors: Sequence[int] = ()
+    ) -> list[int]:
+        return self.prefix_cache.encode(text, add_special_tokens, anchors)
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """A full encode, bypassing the prefix cache (tests and benchmarks compare with it)."""
@@ -205,7 +250,8 @@ class HFTokenizer:
         self._compiled: Any = None
         self.prefix_cache: PrefixEncodeCache | None = None
         if tokenizer_supports_prefix_reuse(spec_text) and self._specials_only_in_front():
-            self.prefix_cache = PrefixEncodeCache(self._encode_with_offsets)
+            segments = byte_level_split if tokenizer_splits_from_text(spec_text) else None
+            self.prefix_cache = PrefixEncodeCache(self._encode_with_offsets, segment_split=segments)
 
     def _encode_with_offsets(self, text: str, add_special_tokens: bool) -> tuple[list[int], Starts]:
         encoding = self._tok.encode(text, add_special_tokens=add_special_tokens)
@@ -222,9 +268,11 @@ class HFTokenizer:
         plain = self._tok.encode("hello world", add_special_tokens=False).ids
         return with_specials[len(with_specials) - len(plain) :] == plain
 
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+    def encode(
+        self, text: str, *, add_special_tokens: bool = True, anchors: Sequence[int] = ()
+    ) -> list[int]:
         if self.prefix_cache is not None:
-            return self.prefix_cache.encode(text, add_special_tokens)
+            return self.prefix_cache.encode(text, add_special_tokens, anchors)
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:

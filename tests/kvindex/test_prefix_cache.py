@@ -14,11 +14,14 @@ from hypothesis import strategies as st
 from hiveroute.engines.vllm_local import CHAT_TEMPLATE, _train_tokenizer
 from hiveroute.kvindex.blocks import block_keys
 from hiveroute.kvindex.prefix_cache import (
+    SEGMENT_SAFE_PATTERNS,
     _common_prefix,
     _Entry,
     _Family,
+    byte_level_split,
     prefix_block_keys,
     reused_tokens,
+    tokenizer_splits_from_text,
     tokenizer_supports_prefix_reuse,
 )
 from hiveroute.kvindex.tokenizer import (
@@ -26,6 +29,7 @@ from hiveroute.kvindex.tokenizer import (
     _PIECE,
     BuiltinTokenizer,
     HFTokenizer,
+    piece_boundary,
     prompt_token_ids,
 )
 
@@ -238,3 +242,95 @@ def test_a_family_finds_the_entry_sharing_the_longest_prefix(texts: list[str], t
         assert family.remove(entry)
         assert not family.remove(entry)
     assert family.texts == [] and family.entries == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([*WORDS, "", " ", "\n", "_", "x_1"]), max_size=14), st.data())
+def test_a_builtin_piece_ends_exactly_where_cutting_the_text_keeps_its_ids(
+    words: list[str], data: st.DataObject
+) -> None:
+    text = "a " + " ".join(words) + "."
+    pos = data.draw(st.integers(min_value=1, max_value=len(text) - 1))
+    tok = BuiltinTokenizer()
+    whole = tok.encode_uncached(text, add_special_tokens=False)
+    cut = tok.encode_uncached(text[:pos], add_special_tokens=False) + tok.encode_uncached(
+        text[pos:], add_special_tokens=False
+    )
+    assert piece_boundary(text, pos) == (whole == cut)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([*WORDS, "", " ", "\n", "-", "'s", "x1"]), max_size=30))
+def test_a_byte_level_split_from_the_text_alone_keeps_a_gpt2_style_tokenizers_ids(
+    hf_tokenizer: HFTokenizer, words: list[str]
+) -> None:
+    text = " ".join(words) + " end"
+    whole = hf_tokenizer.encode_uncached(text, add_special_tokens=False)
+    for pos in range(1, len(text) - 1):
+        if byte_level_split(text, pos):
+            cut = hf_tokenizer.encode_uncached(
+                text[:pos], add_special_tokens=False
+            ) + hf_tokenizer.encode_uncached(text[pos:], add_special_tokens=False)
+            assert cut == whole, (text, pos)
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(tokenizer_dir: Path) -> HFTokenizer:
+    return HFTokenizer(tokenizer_dir)
+
+
+def _role_first(role: str, context: str, own: str) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": f"You are the {role}. " + "Follow the plan. " * 3},
+        {"role": "user", "content": context},
+        {"role": "user", "content": own},
+    ]
+
+
+@pytest.mark.parametrize("kind", ["hf", "builtin"])
+def test_a_context_behind_each_agents_own_role_prompt_is_tokenized_once(
+    tokenizer_dir: Path, kind: str
+) -> None:
+    """Role first: the workflow's context follows a prompt of each agent's own, so it shares no
+    prefix with a sibling's prompt; it is still tokenized once, and ids equal a full encode."""
+    tok = HFTokenizer(tokenizer_dir) if kind == "hf" else BuiltinTokenizer()
+    cache = tok.prefix_cache
+    assert cache is not None
+    rng = random.Random(3)
+    for workflow in range(3):
+        context = f"Workflow {workflow} context: " + " ".join(rng.choice(WORDS) for _ in range(900))
+        context_tokens = len(tok.encode_uncached(context, add_special_tokens=False))
+        for step, role in enumerate(["planner", "executor", "validator", "executor"]):
+            messages = _role_first(role, context, f"step {step}: do {role} things " * 2)
+            before = cache.reused_tokens
+            ids = prompt_token_ids(tok, "/v1/chat/completions", {"messages": messages})
+            text = tok.apply_chat_template(messages, add_generation_prompt=True)
+            assert ids == tok.encode_uncached(text, add_special_tokens=False)
+            if step > 0:  # every agent after the first reuses the context's tokens
+                assert cache.reused_tokens - before > 0.95 * context_tokens
+
+
+def test_byte_level_tokenizers_split_from_the_text_alone_only_under_known_patterns(
+    tokenizer_dir: Path,
+) -> None:
+    spec = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    assert spec["pre_tokenizer"]["type"] == "ByteLevel"  # GPT-2's own regex
+    assert tokenizer_splits_from_text(json.dumps(spec))
+    llama3 = next(p for p in SEGMENT_SAFE_PATTERNS if p.startswith("(?i:") and "{1,3}" in p)
+
+    def split_then_byte_level(pattern: str, use_regex: bool = False) -> str:
+        pre = {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated"},
+                {"type": "ByteLevel", "add_prefix_space": False, "use_regex": use_regex},
+            ],
+        }
+        return json.dumps({**spec, "pre_tokenizer": pre})
+
+    assert tokenizer_splits_from_text(split_then_byte_level(llama3))
+    assert not tokenizer_splits_from_text(split_then_byte_level(r"\w+|\s+"))
+    assert not tokenizer_splits_from_text(split_then_byte_level(llama3, use_regex=True))
+    no_regex = {**spec["pre_tokenizer"], "use_regex": False}
+    assert not tokenizer_splits_from_text(json.dumps({**spec, "pre_tokenizer": no_regex}))
+    assert not tokenizer_splits_from_text(json.dumps({**spec, "normalizer": {"type": "NFC"}}))
