@@ -13,11 +13,12 @@ without a byte-level pre-tokenizer, with a normalizer, or with special tokens co
 space are encoded whole (the cache disables itself), so ids always equal a full encode.
 
 A long part that recurs after different beginnings (an agentic workflow's shared context
-behind each agent's own role prompt: "role first") shares no prefix with what came before. Given
-anchors where such parts may begin (a chat message's content), the text is cut at the first
-split after each anchor that is safe from the text alone (`segment_split`), and each piece is
-encoded through the cache as a text of its own: the context's piece of one agent's prompt finds
-the same context's piece of another's.
+behind each agent's own role prompt: "role first") shares no prefix with the prompts before it.
+Given where such a part may begin (`context_at`: a chat's first long message), the cache cuts
+the text at the first split after it that is safe from the text alone (`segment_split`) and
+keeps the part from there on as a text of its own too. A prompt whose context's part another
+prompt shares further than any whole text does is encoded as its head plus that part, each
+through the cache: one agent's context is found in another's prompt.
 
 Finding the cached text that shares the longest prefix costs two comparisons, not one per
 entry: entries are kept sorted by text, and the one sharing the most with a new text is next to
@@ -55,7 +56,7 @@ MAX_ENTRIES = 1024
 MAX_TOKENS = 2_000_000
 _PROBE = 256  # characters that pick candidate entries (a prefix shorter than this is no win)
 _MAX_BACKOFF_TOKENS = 256
-_SEGMENT_SEARCH = 256  # characters after an anchor searched for a safe split
+_SEGMENT_SEARCH = 256  # characters after `context_at` searched for a safe split
 
 
 # (block size, salt) -> one encoding's block keys, once a request keyed them
@@ -235,7 +236,7 @@ class PrefixEncodeCache:
         """`safe_split`: where a cached encoding's tokens before a position are final, given
         that the cached encoding has a token starting there. `segment_split`: where a text's
         tokens before and after a position are independent, from the text alone (None: the
-        tokenizer has no such rule, and anchors are ignored)."""
+        tokenizer has no such rule, and `context_at` is ignored)."""
         if max_entries <= 0 or max_tokens <= 0:
             raise ValueError("max_entries and max_tokens must be positive")
         self._encode = encode
@@ -259,70 +260,109 @@ class PrefixEncodeCache:
         """Token ids the cache holds, over all its entries."""
         return self._tokens
 
-    def encode(self, text: str, add_special_tokens: bool, anchors: Sequence[int] = ()) -> list[int]:
-        """`text`'s token ids, reusing cached encodings; with `anchors` (ascending offsets
-        where a recurring part may begin), encoded piece by piece (see the module's doc)."""
-        cuts = self._cuts(text, anchors) if anchors and self._segment_split else []
-        if not cuts:
-            return self._encode_piece(text, add_special_tokens)
-        first = self._encode_piece(text[: cuts[0]], add_special_tokens)
-        ids = PrefixIds(first)
-        # the whole text's keys start as the first piece's: keyed once, they serve a later text
-        # that shares that piece (its `reused` tokens lie inside it)
-        if isinstance(first, PrefixIds):
-            ids.keys, ids.source_keys, ids.reused = first.keys, first.source_keys, first.reused
-        else:
-            ids.keys, ids.source_keys, ids.reused = {}, None, 0
-        for start, end in zip(cuts, [*cuts[1:], len(text)], strict=True):
-            ids.extend(self._encode_piece(text[start:end], False))
-        return ids
-
-    def _cuts(self, text: str, anchors: Sequence[int]) -> list[int]:
-        """The first segment split at or after each anchor (within `_SEGMENT_SEARCH`
-        characters), ascending, none at either end of the text."""
-        split = self._segment_split
-        assert split is not None
-        cuts: list[int] = []
-        last = len(text) - 1  # a split reads the character after it
-        for anchor in anchors:
-            first = max(anchor, cuts[-1] + 1 if cuts else 1)
-            for pos in range(first, min(first + _SEGMENT_SEARCH, last)):
-                if split(text, pos):
-                    cuts.append(pos)
-                    break
-        return cuts
-
-    def _encode_piece(self, text: str, add_special_tokens: bool) -> list[int]:
+    def encode(
+        self, text: str, add_special_tokens: bool, context_at: int | None = None
+    ) -> list[int]:
+        """`text`'s token ids, reusing the cached encoding that shares the longest prefix, or
+        the one that shares the most of the part from `context_at` on (module doc)."""
         if len(text) < MIN_CACHED_CHARS:
             return self._encode(text, add_special_tokens)[0]
+        return self._encode_entry(text, add_special_tokens, context_at).ids
+
+    def _encode_entry(self, text: str, add_special_tokens: bool, context_at: int | None) -> _Entry:
+        """Encode a text of at least MIN_CACHED_CHARS and keep it (and its context's part)."""
         probe = (add_special_tokens, text[:_PROBE])
         family = self._families.get(probe)
         best, best_common = family.nearest(text) if family is not None else (None, 0)
+        cut = self._context_cut(text, context_at)
         ids = PrefixIds()
         source: _Entry | None = None
         reused = 0
-        cut = _safe_cut(best, text, best_common, self._safe_split) if best is not None else None
-        if best is not None and cut is not None:
-            k, pos = cut
-            tail_ids, tail_starts = self._encode(text[pos:], False)
-            # slices copy at memcpy speed (an islice is walked element by element)
-            ids.extend(best.ids[:k])
-            ids.extend(tail_ids)
-            starts = np.concatenate((best.starts[:k], tail_starts + pos))
-            self.hits += 1
-            self.reused_tokens += k
-            source, reused = best, k
+        if cut is not None and self._part_reaches_further(text, cut, best_common):
+            head_ids, head_starts = self._encode_text(text[:cut], add_special_tokens)
+            part = self._encode_entry(text[cut:], False, None)
+            ids.extend(head_ids)
+            ids.extend(part.ids)
+            starts = np.concatenate((head_starts, part.starts + cut))
         else:
-            whole, whole_starts = self._encode(text, add_special_tokens)
-            ids.extend(whole)
-            starts = whole_starts
+            starts, source, reused = self._encode_after(
+                best, best_common, text, add_special_tokens, ids
+            )
+            if cut is not None:  # its context's part, for the prompts that share only that
+                self._keep_part(text, cut, ids, starts)
         extended = best if best is not None and best_common == len(best.text) else None
         entry = _Entry(text, ids, starts)
         ids.keys = entry.keys
+        # the pieces' keys are keyed from their own starts: only a whole text's serve the whole
         ids.source_keys = source.keys if source is not None else None
         ids.reused = reused
         self._store(probe, entry, extended)
-        return ids
+        return entry
+
+    def _encode_after(
+        self,
+        best: _Entry | None,
+        common: int,
+        text: str,
+        add_special_tokens: bool,
+        ids: list[int],
+    ) -> tuple[Starts, _Entry | None, int]:
+        """Encode `text` into `ids`, reusing `best`'s tokens up to the last safe split inside
+        the `common` characters they share: (token starts, the entry reused, tokens reused)."""
+        cut = _safe_cut(best, text, common, self._safe_split) if best is not None else None
+        if best is None or cut is None:
+            whole, starts = self._encode(text, add_special_tokens)
+            ids.extend(whole)
+            return starts, None, 0
+        k, pos = cut
+        tail_ids, tail_starts = self._encode(text[pos:], False)
+        # slices copy at memcpy speed (an islice is walked element by element)
+        ids.extend(best.ids[:k])
+        ids.extend(tail_ids)
+        self.hits += 1
+        self.reused_tokens += k
+        return np.concatenate((best.starts[:k], tail_starts + pos)), best, k
+
+    def _context_cut(self, text: str, context_at: int | None) -> int | None:
+        """The first segment split at or after `context_at` (within `_SEGMENT_SEARCH`
+        characters) that leaves a part long enough to keep; None without one."""
+        split = self._segment_split
+        if split is None or context_at is None:
+            return None
+        first = max(1, context_at)
+        # a split reads the character after it; the part must be worth keeping
+        last = min(first + _SEGMENT_SEARCH, len(text) - MIN_CACHED_CHARS)
+        return next((pos for pos in range(first, last) if split(text, pos)), None)
+
+    def _part_reaches_further(self, text: str, cut: int, best_common: int) -> bool:
+        """Whether a kept part shares more of the text from `cut` on than the best whole text
+        shares of the text (a shared context behind another beginning)."""
+        part = text[cut:]
+        family = self._families.get((False, part[:_PROBE]))
+        return family is not None and cut + family.nearest(part)[1] > best_common
+
+    def _encode_text(self, text: str, add_special_tokens: bool) -> tuple[list[int], Starts]:
+        """A head's ids and starts: through the cache (and kept) when long enough."""
+        if len(text) < MIN_CACHED_CHARS:
+            return self._encode(text, add_special_tokens)
+        entry = self._encode_entry(text, add_special_tokens, None)
+        return entry.ids, entry.starts
+
+    def _keep_part(self, text: str, cut: int, ids: list[int], starts: Starts) -> None:
+        """Keep the text from `cut` on, its ids and starts taken from the whole's (a token
+        starts at `cut`: the split is safe)."""
+        k = int(starts.searchsorted(cut))
+        if k >= len(ids) or starts[k] != cut:  # not a token start after all: keep nothing
+            return
+        part = text[cut:]
+        part_ids = PrefixIds(ids[k:])
+        part_ids.keys, part_ids.source_keys, part_ids.reused = {}, None, 0
+        entry = _Entry(part, part_ids, starts[k:] - cut)
+        part_ids.keys = entry.keys
+        probe = (False, part[:_PROBE])
+        family = self._families.get(probe)
+        best, common = family.nearest(part) if family is not None else (None, 0)
+        self._store(probe, entry, best if best is not None and common == len(best.text) else None)
 
     def _store(self, probe: tuple[bool, str], entry: _Entry, superseded: _Entry | None) -> None:
         """Keep `entry`; past `max_entries` or `max_tokens`, forget the least recently stored

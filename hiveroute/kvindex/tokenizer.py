@@ -42,10 +42,10 @@ class Tokenizer(Protocol):
     name: str
 
     def encode(
-        self, text: str, *, add_special_tokens: bool = True, anchors: Sequence[int] = ()
+        self, text: str, *, add_special_tokens: bool = True, context_at: int | None = None
     ) -> list[int]:
-        """`anchors`: ascending offsets in `text` where a long part that recurs in other
-        texts may begin (see prefix_cache.py); a hint only, the ids are the same."""
+        """`context_at`: where in `text` a long part that other prompts share after other
+        beginnings may start (prefix_cache.py); a hint for reuse, the ids are the same."""
         ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
@@ -86,7 +86,7 @@ def prompt_token_ids(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> l
             tools=body.get("tools"),
         )
         return tokenizer.encode(
-            text, add_special_tokens=False, anchors=content_anchors(text, messages)
+            text, add_special_tokens=False, context_at=context_offset(text, messages)
         )
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -98,21 +98,15 @@ def prompt_token_ids(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> l
     raise BadRequest("'prompt' must be a string or a list of token ids", param="prompt")
 
 
-def content_anchors(text: str, messages: list[Any]) -> list[int]:
-    """Where the long message contents begin in the rendered `text`, in order: an agent's
-    shared context may follow a prompt of its own (role first), and is found again there."""
-    anchors: list[int] = []
-    pos = 0
+def context_offset(text: str, messages: list[Any]) -> int | None:
+    """Where the first long message's content begins in the rendered `text`: an agent's shared
+    context may follow a prompt of its own (role first), and is found again from there."""
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, str) or len(content) < MIN_CACHED_CHARS:
-            continue
-        found = text.find(content[:64], pos)
-        if found < 0:  # the template changed it: no anchor, nothing else changes
-            continue
-        anchors.append(found)
-        pos = found + 64
-    return anchors
+        if isinstance(content, str) and len(content) >= MIN_CACHED_CHARS:
+            found = text.find(content[:64])
+            return found if found >= 0 else None  # the template changed it: no hint
+    return None
 
 
 # --- built-in ------------------------------------------------------------------------------
@@ -171,9 +165,9 @@ class BuiltinTokenizer:
         return token
 
     def encode(
-        self, text: str, *, add_special_tokens: bool = True, anchors: Sequence[int] = ()
+        self, text: str, *, add_special_tokens: bool = True, context_at: int | None = None
     ) -> list[int]:
-        return self.prefix_cache.encode(text, add_special_tokens, anchors)
+        return self.prefix_cache.encode(text, add_special_tokens, context_at)
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """A full encode, bypassing the prefix cache (tests and benchmarks compare with it)."""
@@ -269,10 +263,10 @@ class HFTokenizer:
         return with_specials[len(with_specials) - len(plain) :] == plain
 
     def encode(
-        self, text: str, *, add_special_tokens: bool = True, anchors: Sequence[int] = ()
+        self, text: str, *, add_special_tokens: bool = True, context_at: int | None = None
     ) -> list[int]:
         if self.prefix_cache is not None:
-            return self.prefix_cache.encode(text, add_special_tokens, anchors)
+            return self.prefix_cache.encode(text, add_special_tokens, context_at)
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:

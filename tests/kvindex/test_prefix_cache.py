@@ -297,8 +297,11 @@ def test_a_context_behind_each_agents_own_role_prompt_is_tokenized_once(
     cache = tok.prefix_cache
     assert cache is not None
     rng = random.Random(3)
-    for workflow in range(3):
-        context = f"Workflow {workflow} context: " + " ".join(rng.choice(WORDS) for _ in range(900))
+    header = "The documents of this workflow follow; read them all before you act. " * 6
+    for workflow in range(3):  # each context begins alike: the whole prompts share that much
+        context = (
+            header + f"Workflow {workflow}: " + " ".join(rng.choice(WORDS) for _ in range(900))
+        )
         context_tokens = len(tok.encode_uncached(context, add_special_tokens=False))
         for step, role in enumerate(["planner", "executor", "validator", "executor"]):
             messages = _role_first(role, context, f"step {step}: do {role} things " * 2)
@@ -308,6 +311,16 @@ def test_a_context_behind_each_agents_own_role_prompt_is_tokenized_once(
             assert ids == tok.encode_uncached(text, add_special_tokens=False)
             if step > 0:  # every agent after the first reuses the context's tokens
                 assert cache.reused_tokens - before > 0.95 * context_tokens
+        # the planner's next step grows its own prompt: reused whole, its block keys with it
+        messages = _role_first("planner", context, "step 0: do planner things " * 2)
+        messages += [
+            {"role": "assistant", "content": "the plan " * 20},
+            {"role": "user", "content": "now the next step"},
+        ]
+        ids = prompt_token_ids(tok, "/v1/chat/completions", {"messages": messages})
+        text = tok.apply_chat_template(messages, add_generation_prompt=True)
+        assert ids == tok.encode_uncached(text, add_special_tokens=False)
+        assert reused_tokens(ids) > context_tokens
 
 
 def test_byte_level_tokenizers_split_from_the_text_alone_only_under_known_patterns(
@@ -334,3 +347,23 @@ def test_byte_level_tokenizers_split_from_the_text_alone_only_under_known_patter
     no_regex = {**spec["pre_tokenizer"], "use_regex": False}
     assert not tokenizer_splits_from_text(json.dumps({**spec, "pre_tokenizer": no_regex}))
     assert not tokenizer_splits_from_text(json.dumps({**spec, "normalizer": {"type": "NFC"}}))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_any_context_hint_leaves_the_ids_of_a_full_encode(
+    hf_tokenizer: HFTokenizer, data: st.DataObject
+) -> None:
+    """`context_at` is a hint: wherever it points, cutting there or not, the ids are exact."""
+    tok = data.draw(st.sampled_from([BuiltinTokenizer(), hf_tokenizer]))
+    assert tok.prefix_cache is not None
+    rng = random.Random(data.draw(st.integers(0, 2**16)))
+    context = " ".join(rng.choice(WORDS) for _ in range(800))
+    for _ in range(4):
+        head = " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 30)))
+        tail = " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 60)))
+        text = head + rng.choice(["", " ", "\n"]) + context + tail
+        hint = data.draw(st.one_of(st.none(), st.integers(0, len(text))))
+        for special in (False, True):
+            ids = tok.prefix_cache.encode(text, special, hint)
+            assert ids == tok.encode_uncached(text, add_special_tokens=special)
