@@ -4,7 +4,13 @@ Agents of one workflow send ~20k-token prompts that share a ~19k-token context a
 the last ~1k.
 Without the cache every prompt is tokenized whole; with it only the new part is.
 
+With `--layout role_first` each agent's chat prompt begins with a role prompt of its own, then
+the shared context, then its own part: no prefix is shared past the role prompt. The prompts
+are tokenized three ways: whole, through a cache told nothing more (prefix reuse only), and
+through a cache told where the first long message begins (`context_at`, as the router does).
+
     PYTHONPATH=. python -m benchmarks.tokenize_prefix [--tokenizer DIR] [--turns 20]
+        [--layout context_first|role_first]
 """
 
 from __future__ import annotations
@@ -14,10 +20,11 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.report import write_report
-from hiveroute.kvindex.tokenizer import HFTokenizer
+from hiveroute.kvindex.tokenizer import HFTokenizer, context_offset
 
 WORDS = (
     "the agent plan task tool result context model cache router engine token block prefix "
@@ -41,6 +48,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--prompt-tokens", type=int, default=20_000)
     parser.add_argument("--new-tokens", type=int, default=1_000)
+    parser.add_argument(
+        "--layout", choices=("context_first", "role_first"), default="context_first"
+    )
     args = parser.parse_args()
     tok = tokenizer(args.tokenizer)
     rng = random.Random(0)
@@ -51,6 +61,19 @@ def main() -> None:
             for _ in range(int(n_tokens / 1.4))
         )
 
+    if args.layout == "role_first":
+        lines = role_first(tok, args, words)
+    else:
+        lines = context_first(tok, args, words)
+    print("\n".join(lines))
+    name = "tokenize_prefix" if args.layout == "context_first" else "tokenize_prefix_role_first"
+    path = write_report(name, "Tokenizer prefix cache", "```\n" + "\n".join(lines) + "\n```")
+    print(f"report: {path}")
+
+
+def context_first(
+    tok: HFTokenizer, args: argparse.Namespace, words: Callable[[int], str]
+) -> list[str]:
     base = words(args.prompt_tokens - args.new_tokens)
     # each prompt: the shared ~19k-token context plus its own ~1k-token part (sibling agents)
     prompts = [base + " " + words(args.new_tokens) for _ in range(args.turns)]
@@ -67,18 +90,54 @@ def main() -> None:
         cached_s.append(t2 - t1)
         sizes.append(len(expected))
     full, cached = statistics.median(full_s), statistics.median(cached_s)
-    lines = [
+    return [
         f"prompts: {len(sizes)}, median {statistics.median(sizes)} tokens, "
         f"~{args.new_tokens} new tokens each",
         f"full encode:     median {full * 1000:.2f} ms",
         f"prefix-cached:   median {cached * 1000:.2f} ms",
         f"speedup:         {full / cached:.1f}x (ids identical on every prompt)",
     ]
-    print("\n".join(lines))
-    path = write_report(
-        "tokenize_prefix", "Tokenizer prefix cache", "```\n" + "\n".join(lines) + "\n```"
-    )
-    print(f"report: {path}")
+
+
+def role_first(
+    tok: HFTokenizer, args: argparse.Namespace, words: Callable[[int], str]
+) -> list[str]:
+    prefix_only = HFTokenizer(tok.directory)  # a cache of its own, told no context offset
+    context = words(args.prompt_tokens - args.new_tokens)
+    roles = ["planner", "executor", "validator", "reviewer"]
+    timings: dict[str, list[float]] = {"full": [], "prefix": [], "context": []}
+    sizes = []
+    for turn in range(args.turns):
+        role = roles[turn % len(roles)]
+        messages = [
+            {"role": "system", "content": f"You are agent {turn}, the {role}. " + words(200)},
+            {"role": "user", "content": context},
+            {"role": "user", "content": words(args.new_tokens)},
+        ]
+        text = tok.apply_chat_template(messages, add_generation_prompt=True)
+        at = context_offset(text, messages)
+        t0 = time.perf_counter()
+        expected = tok.encode_uncached(text, add_special_tokens=False)
+        t1 = time.perf_counter()
+        by_prefix = prefix_only.encode(text, add_special_tokens=False)
+        t2 = time.perf_counter()
+        by_context = tok.encode(text, add_special_tokens=False, context_at=at)
+        t3 = time.perf_counter()
+        assert by_prefix == expected and by_context == expected, "ids differ from a full encode"
+        if turn == 0:
+            continue  # the first prompt fills both caches
+        for key, seconds in zip(timings, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            timings[key].append(seconds)
+        sizes.append(len(expected))
+    full, prefix, context_s = (statistics.median(timings[k]) for k in timings)
+    return [
+        f"prompts: {len(sizes)}, median {statistics.median(sizes)} tokens; each agent's own "
+        f"role prompt first, then the shared context, then ~{args.new_tokens} tokens of its own",
+        f"full encode:            median {full * 1000:.2f} ms",
+        f"prefix reuse only:      median {prefix * 1000:.2f} ms ({full / prefix:.1f}x)",
+        f"with the context hint:  median {context_s * 1000:.2f} ms ({full / context_s:.1f}x)",
+        "ids identical to a full encode on every prompt, both ways",
+    ]
 
 
 if __name__ == "__main__":

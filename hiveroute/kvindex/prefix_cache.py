@@ -14,11 +14,13 @@ space are encoded whole (the cache disables itself), so ids always equal a full 
 
 A long part that recurs after different beginnings (an agentic workflow's shared context
 behind each agent's own role prompt: "role first") shares no prefix with the prompts before it.
-Given where such a part may begin (`context_at`: a chat's first long message), the cache cuts
-the text at the first split after it that is safe from the text alone (`segment_split`) and
-keeps the part from there on as a text of its own too. A prompt whose context's part another
-prompt shares further than any whole text does is encoded as its head plus that part, each
-through the cache: one agent's context is found in another's prompt.
+So past the point where a text leaves its best cached prefix, it is cut into chunks at points
+chosen by its content alone, as deduplicating stores do: a space before a letter (a split that
+leaves tokens on both sides final, from the text alone: `segment_split`) where a hash of the 8
+characters before it has its top 10 bits zero, about every 7,000 characters. The same context
+behind another role prompt is cut at the same points, so its chunks are found again, each
+through the cache as a text of its own; only the text from the divergence to the first cut and
+each chunk's last word are tokenized again.
 
 Finding the cached text that shares the longest prefix costs two comparisons, not one per
 entry: entries are kept sorted by text, and the one sharing the most with a new text is next to
@@ -56,7 +58,12 @@ MAX_ENTRIES = 1024
 MAX_TOKENS = 2_000_000
 _PROBE = 256  # characters that pick candidate entries (a prefix shorter than this is no win)
 _MAX_BACKOFF_TOKENS = 256
-_SEGMENT_SEARCH = 256  # characters after `context_at` searched for a safe split
+# content-defined chunks: a split is a cut where a hash of the 8 characters before it has its
+# top 10 bits zero; with a split before about every seventh character of English-like text, a
+# cut every ~7,000 characters (a 32k-token context is about 20 chunks)
+_CHUNK_WINDOW = 8
+_CHUNK_BITS = np.uint64(64 - 10)
+_CHUNK_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: top bits mix all
 
 
 # (block size, salt) -> one encoding's block keys, once a request keyed them
@@ -236,7 +243,7 @@ class PrefixEncodeCache:
         """`safe_split`: where a cached encoding's tokens before a position are final, given
         that the cached encoding has a token starting there. `segment_split`: where a text's
         tokens before and after a position are independent, from the text alone (None: the
-        tokenizer has no such rule, and `context_at` is ignored)."""
+        tokenizer has no such rule, and texts are not cut in chunks)."""
         if max_entries <= 0 or max_tokens <= 0:
             raise ValueError("max_entries and max_tokens must be positive")
         self._encode = encode
@@ -260,40 +267,35 @@ class PrefixEncodeCache:
         """Token ids the cache holds, over all its entries."""
         return self._tokens
 
-    def encode(
-        self, text: str, add_special_tokens: bool, context_at: int | None = None
-    ) -> list[int]:
-        """`text`'s token ids, reusing the cached encoding that shares the longest prefix, or
-        the one that shares the most of the part from `context_at` on (module doc)."""
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """`text`'s token ids, reusing the cached encoding that shares the longest prefix and,
+        past it, cached chunks of the same content (module doc)."""
         if len(text) < MIN_CACHED_CHARS:
             return self._encode(text, add_special_tokens)[0]
-        return self._encode_entry(text, add_special_tokens, context_at).ids
+        return self._encode_entry(text, add_special_tokens, chunked=True).ids
 
-    def _encode_entry(self, text: str, add_special_tokens: bool, context_at: int | None) -> _Entry:
-        """Encode a text of at least MIN_CACHED_CHARS and keep it (and its context's part)."""
+    def _encode_entry(self, text: str, add_special_tokens: bool, *, chunked: bool) -> _Entry:
+        """Encode a text of at least MIN_CACHED_CHARS and keep it (its chunks too, `chunked`)."""
         probe = (add_special_tokens, text[:_PROBE])
         family = self._families.get(probe)
         best, best_common = family.nearest(text) if family is not None else (None, 0)
-        cut = self._context_cut(text, context_at)
+        cuts = self._chunk_cuts(text, best_common) if chunked else []
         ids = PrefixIds()
-        source: _Entry | None = None
-        reused = 0
-        if cut is not None and self._part_reaches_further(text, cut, best_common):
-            head_ids, head_starts = self._encode_text(text[:cut], add_special_tokens)
-            part = self._encode_entry(text[cut:], False, None)
-            ids.extend(head_ids)
-            ids.extend(part.ids)
-            starts = np.concatenate((head_starts, part.starts + cut))
-        else:
-            starts, source, reused = self._encode_after(
-                best, best_common, text, add_special_tokens, ids
-            )
-            if cut is not None:  # its context's part, for the prompts that share only that
-                self._keep_part(text, cut, ids, starts)
+        head = text[: cuts[0]] if cuts else text
+        starts, source, reused = self._encode_after(
+            best, best_common, head, add_special_tokens, ids
+        )
+        if cuts:
+            parts = [starts]
+            for begin, end in zip(cuts, [*cuts[1:], len(text)], strict=True):
+                chunk_ids, chunk_starts = self._encode_chunk(text[begin:end])
+                ids.extend(chunk_ids)
+                parts.append(chunk_starts + begin)
+            starts = np.concatenate(parts)
         extended = best if best is not None and best_common == len(best.text) else None
         entry = _Entry(text, ids, starts)
         ids.keys = entry.keys
-        # the pieces' keys are keyed from their own starts: only a whole text's serve the whole
+        # keys of the reused prefix only: the chunks' keys were keyed from their own starts
         ids.source_keys = source.keys if source is not None else None
         ids.reused = reused
         self._store(probe, entry, extended)
@@ -309,6 +311,7 @@ class PrefixEncodeCache:
     ) -> tuple[Starts, _Entry | None, int]:
         """Encode `text` into `ids`, reusing `best`'s tokens up to the last safe split inside
         the `common` characters they share: (token starts, the entry reused, tokens reused)."""
+        common = min(common, len(text))
         cut = _safe_cut(best, text, common, self._safe_split) if best is not None else None
         if best is None or cut is None:
             whole, starts = self._encode(text, add_special_tokens)
@@ -323,46 +326,36 @@ class PrefixEncodeCache:
         self.reused_tokens += k
         return np.concatenate((best.starts[:k], tail_starts + pos)), best, k
 
-    def _context_cut(self, text: str, context_at: int | None) -> int | None:
-        """The first segment split at or after `context_at` (within `_SEGMENT_SEARCH`
-        characters) that leaves a part long enough to keep; None without one."""
-        split = self._segment_split
-        if split is None or context_at is None:
-            return None
-        first = max(1, context_at)
-        # a split reads the character after it; the part must be worth keeping
-        last = min(first + _SEGMENT_SEARCH, len(text) - MIN_CACHED_CHARS)
-        return next((pos for pos in range(first, last) if split(text, pos)), None)
-
-    def _part_reaches_further(self, text: str, cut: int, best_common: int) -> bool:
-        """Whether a kept part shares more of the text from `cut` on than the best whole text
-        shares of the text (a shared context behind another beginning)."""
-        part = text[cut:]
-        family = self._families.get((False, part[:_PROBE]))
-        return family is not None and cut + family.nearest(part)[1] > best_common
-
-    def _encode_text(self, text: str, add_special_tokens: bool) -> tuple[list[int], Starts]:
-        """A head's ids and starts: through the cache (and kept) when long enough."""
-        if len(text) < MIN_CACHED_CHARS:
-            return self._encode(text, add_special_tokens)
-        entry = self._encode_entry(text, add_special_tokens, None)
+    def _encode_chunk(self, chunk: str) -> tuple[list[int], Starts]:
+        """A chunk's ids and starts: through the cache (and kept) when long enough."""
+        if len(chunk) < MIN_CACHED_CHARS:
+            return self._encode(chunk, False)
+        entry = self._encode_entry(chunk, False, chunked=False)
         return entry.ids, entry.starts
 
-    def _keep_part(self, text: str, cut: int, ids: list[int], starts: Starts) -> None:
-        """Keep the text from `cut` on, its ids and starts taken from the whole's (a token
-        starts at `cut`: the split is safe)."""
-        k = int(starts.searchsorted(cut))
-        if k >= len(ids) or starts[k] != cut:  # not a token start after all: keep nothing
-            return
-        part = text[cut:]
-        part_ids = PrefixIds(ids[k:])
-        part_ids.keys, part_ids.source_keys, part_ids.reused = {}, None, 0
-        entry = _Entry(part, part_ids, starts[k:] - cut)
-        part_ids.keys = entry.keys
-        probe = (False, part[:_PROBE])
-        family = self._families.get(probe)
-        best, common = family.nearest(part) if family is not None else (None, 0)
-        self._store(probe, entry, best if best is not None and common == len(best.text) else None)
+    def _chunk_cuts(self, text: str, after: int) -> list[int]:
+        """Content-defined cut points past `after` (module doc), each a split `segment_split`
+        confirms; none when less than two chunks' worth of text is left."""
+        split = self._segment_split
+        if split is None or len(text) - after < 2 * MIN_CACHED_CHARS or not text.isascii():
+            return []  # (offsets of ASCII bytes are offsets of characters)
+        codes = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+        first = max(after, _CHUNK_WINDOW)
+        spaces = np.flatnonzero(codes[first:-1] == 32) + first
+        nxt = codes[spaces + 1]
+        splits = spaces[(codes[spaces - 1] > 32) & (((nxt | 32) - 97).astype(np.uint8) < 26)]
+        window = np.zeros(len(splits), np.uint64)
+        for back in range(1, _CHUNK_WINDOW + 1):  # the 8 characters before, as one word
+            window = (window << np.uint64(8)) | codes[splits - back]
+        hashes = (window * _CHUNK_MULTIPLIER) >> _CHUNK_BITS
+        cuts: list[int] = []
+        for pos in splits[hashes == 0].tolist():
+            # chunks of at least MIN_CACHED_CHARS (a repeated phrase must not cut a text to
+            # shreds): a cut too close to the last is skipped, and two cuttings of one text
+            # from different starts fall into step at the next cut far enough from both
+            if (not cuts or pos - cuts[-1] >= MIN_CACHED_CHARS) and split(text, pos):
+                cuts.append(pos)
+        return cuts
 
     def _store(self, probe: tuple[bool, str], entry: _Entry, superseded: _Entry | None) -> None:
         """Keep `entry`; past `max_entries` or `max_tokens`, forget the least recently stored

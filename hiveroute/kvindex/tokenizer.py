@@ -25,7 +25,6 @@ import numpy as np
 
 from hiveroute.errors import BadRequest, ConfigError
 from hiveroute.kvindex.prefix_cache import (
-    MIN_CACHED_CHARS,
     PrefixEncodeCache,
     Starts,
     any_token_start,
@@ -41,12 +40,7 @@ _START = operator.itemgetter(0)  # a token's (start, end) offsets -> its start
 class Tokenizer(Protocol):
     name: str
 
-    def encode(
-        self, text: str, *, add_special_tokens: bool = True, context_at: int | None = None
-    ) -> list[int]:
-        """`context_at`: where in `text` a long part that other prompts share after other
-        beginnings may start (prefix_cache.py); a hint for reuse, the ids are the same."""
-        ...
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -85,9 +79,7 @@ def prompt_token_ids(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> l
             add_generation_prompt=bool(body.get("add_generation_prompt", True)),
             tools=body.get("tools"),
         )
-        return tokenizer.encode(
-            text, add_special_tokens=False, context_at=context_offset(text, messages)
-        )
+        return tokenizer.encode(text, add_special_tokens=False)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return tokenizer.encode(prompt, add_special_tokens=True)
@@ -96,17 +88,6 @@ def prompt_token_ids(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> l
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         return tokenizer.encode(prompt[0], add_special_tokens=True)
     raise BadRequest("'prompt' must be a string or a list of token ids", param="prompt")
-
-
-def context_offset(text: str, messages: list[Any]) -> int | None:
-    """Where the first long message's content begins in the rendered `text`: an agent's shared
-    context may follow a prompt of its own (role first), and is found again from there."""
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str) and len(content) >= MIN_CACHED_CHARS:
-            found = text.find(content[:64])
-            return found if found >= 0 else None  # the template changed it: no hint
-    return None
 
 
 # --- built-in ------------------------------------------------------------------------------
@@ -164,10 +145,8 @@ class BuiltinTokenizer:
             self._pieces.setdefault(token, piece)
         return token
 
-    def encode(
-        self, text: str, *, add_special_tokens: bool = True, context_at: int | None = None
-    ) -> list[int]:
-        return self.prefix_cache.encode(text, add_special_tokens, context_at)
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return self.prefix_cache.encode(text, add_special_tokens)
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """A full encode, bypassing the prefix cache (tests and benchmarks compare with it)."""
@@ -262,11 +241,9 @@ class HFTokenizer:
         plain = self._tok.encode("hello world", add_special_tokens=False).ids
         return with_specials[len(with_specials) - len(plain) :] == plain
 
-    def encode(
-        self, text: str, *, add_special_tokens: bool = True, context_at: int | None = None
-    ) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         if self.prefix_cache is not None:
-            return self.prefix_cache.encode(text, add_special_tokens, context_at)
+            return self.prefix_cache.encode(text, add_special_tokens)
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:

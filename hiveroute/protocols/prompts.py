@@ -12,7 +12,7 @@ from typing import Any
 import jinja2
 
 from hiveroute.errors import BadRequest
-from hiveroute.kvindex.tokenizer import Tokenizer, context_offset
+from hiveroute.kvindex.tokenizer import Tokenizer
 from hiveroute.protocols import anthropic, responses
 from hiveroute.protocols.common import Message, developer_as_system, without_billing_header
 
@@ -34,8 +34,7 @@ def render(
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
     except (jinja2.TemplateError, TypeError, ValueError) as exc:
         raise BadRequest(f"the chat template cannot render this conversation: {exc}") from None
-    context_at = context_offset(text, messages)  # a shared context behind an agent's own prompt
-    return tokenizer.encode(text, add_special_tokens=add_special_tokens, context_at=context_at)
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def responses_prompt(

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hiveroute.bench.workloads.text import filler
 from hiveroute.engines.vllm_local import CHAT_TEMPLATE, _train_tokenizer
 from hiveroute.kvindex.blocks import block_keys
 from hiveroute.kvindex.prefix_cache import (
@@ -279,40 +280,46 @@ def hf_tokenizer(tokenizer_dir: Path) -> HFTokenizer:
     return HFTokenizer(tokenizer_dir)
 
 
-def _role_first(role: str, context: str, own: str) -> list[dict[str, str]]:
+def _role_first(role: str, context: str, own: str, one_message: bool) -> list[dict[str, str]]:
+    role_prompt = f"You are the {role}. " + "Follow the plan. " * 3
+    if one_message:  # the role's instructions, then the documents, in one system message
+        return [
+            {"role": "system", "content": role_prompt + "\n" + context},
+            {"role": "user", "content": own},
+        ]
     return [
-        {"role": "system", "content": f"You are the {role}. " + "Follow the plan. " * 3},
+        {"role": "system", "content": role_prompt},
         {"role": "user", "content": context},
         {"role": "user", "content": own},
     ]
 
 
+@pytest.mark.parametrize("one_message", [True, False])
 @pytest.mark.parametrize("kind", ["hf", "builtin"])
 def test_a_context_behind_each_agents_own_role_prompt_is_tokenized_once(
-    tokenizer_dir: Path, kind: str
+    tokenizer_dir: Path, kind: str, one_message: bool
 ) -> None:
     """Role first: the workflow's context follows a prompt of each agent's own, so it shares no
     prefix with a sibling's prompt; it is still tokenized once, and ids equal a full encode."""
     tok = HFTokenizer(tokenizer_dir) if kind == "hf" else BuiltinTokenizer()
     cache = tok.prefix_cache
     assert cache is not None
-    rng = random.Random(3)
     header = "The documents of this workflow follow; read them all before you act. " * 6
     for workflow in range(3):  # each context begins alike: the whole prompts share that much
-        context = (
-            header + f"Workflow {workflow}: " + " ".join(rng.choice(WORDS) for _ in range(900))
-        )
+        context = header + f"Workflow {workflow}: " + filler(12_000, "context", workflow)
         context_tokens = len(tok.encode_uncached(context, add_special_tokens=False))
         for step, role in enumerate(["planner", "executor", "validator", "executor"]):
-            messages = _role_first(role, context, f"step {step}: do {role} things " * 2)
+            messages = _role_first(
+                role, context, f"step {step}: do {role} things " * 2, one_message
+            )
             before = cache.reused_tokens
             ids = prompt_token_ids(tok, "/v1/chat/completions", {"messages": messages})
             text = tok.apply_chat_template(messages, add_generation_prompt=True)
             assert ids == tok.encode_uncached(text, add_special_tokens=False)
-            if step > 0:  # every agent after the first reuses the context's tokens
-                assert cache.reused_tokens - before > 0.95 * context_tokens
+            if step > 0:  # every agent after the first reuses most of the context's tokens
+                assert cache.reused_tokens - before > 0.7 * context_tokens
         # the planner's next step grows its own prompt: reused whole, its block keys with it
-        messages = _role_first("planner", context, "step 0: do planner things " * 2)
+        messages = _role_first("planner", context, "step 0: do planner things " * 2, one_message)
         messages += [
             {"role": "assistant", "content": "the plan " * 20},
             {"role": "user", "content": "now the next step"},
@@ -351,19 +358,19 @@ def test_byte_level_tokenizers_split_from_the_text_alone_only_under_known_patter
 
 @settings(max_examples=60, deadline=None)
 @given(st.data())
-def test_any_context_hint_leaves_the_ids_of_a_full_encode(
+def test_chunks_of_a_context_at_any_offset_leave_the_ids_of_a_full_encode(
     hf_tokenizer: HFTokenizer, data: st.DataObject
 ) -> None:
-    """`context_at` is a hint: wherever it points, cutting there or not, the ids are exact."""
+    """Wherever a shared context sits, whatever comes before and after it (cut into chunks or
+    not, found again or not), the ids are a full encode's."""
     tok = data.draw(st.sampled_from([BuiltinTokenizer(), hf_tokenizer]))
     assert tok.prefix_cache is not None
     rng = random.Random(data.draw(st.integers(0, 2**16)))
-    context = " ".join(rng.choice(WORDS) for _ in range(800))
+    context = filler(data.draw(st.integers(600, 6000)), "context", rng.random())
     for _ in range(4):
-        head = " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 30)))
-        tail = " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 60)))
-        text = head + rng.choice(["", " ", "\n"]) + context + tail
-        hint = data.draw(st.one_of(st.none(), st.integers(0, len(text))))
+        head = " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 60)))
+        tail = " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 600)))
+        text = head + rng.choice(["", " ", "\n", "x"]) + context + rng.choice(["", " "]) + tail
         for special in (False, True):
-            ids = tok.prefix_cache.encode(text, special, hint)
+            ids = tok.encode(text, add_special_tokens=special)
             assert ids == tok.encode_uncached(text, add_special_tokens=special)
