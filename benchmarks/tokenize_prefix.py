@@ -6,8 +6,8 @@ Without the cache every prompt is tokenized whole; with it only the new part is.
 
 With `--layout role_first` each agent's chat prompt begins with a role prompt of its own, then
 the shared context, then its own part: no prefix is shared past the role prompt. The prompts
-are tokenized three ways: whole, through a cache told nothing more (prefix reuse only), and
-through a cache told where the first long message begins (`context_at`, as the router does).
+are tokenized three ways: whole, through a cache that reuses prefixes only (as before
+2026-12-06), and through the router's cache, which also reuses content-defined chunks.
 
     PYTHONPATH=. python -m benchmarks.tokenize_prefix [--tokenizer DIR] [--turns 20]
         [--layout context_first|role_first]
@@ -24,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.report import write_report
-from hiveroute.kvindex.tokenizer import HFTokenizer, context_offset
+from hiveroute.kvindex.prefix_cache import PrefixEncodeCache
+from hiveroute.kvindex.tokenizer import HFTokenizer
 
 WORDS = (
     "the agent plan task tool result context model cache router engine token block prefix "
@@ -102,7 +103,8 @@ def context_first(
 def role_first(
     tok: HFTokenizer, args: argparse.Namespace, words: Callable[[int], str]
 ) -> list[str]:
-    prefix_only = HFTokenizer(tok.directory)  # a cache of its own, told no context offset
+    prefix_only = HFTokenizer(tok.directory)
+    prefix_only.prefix_cache = PrefixEncodeCache(prefix_only._encode_with_offsets)  # no chunks
     context = words(args.prompt_tokens - args.new_tokens)
     roles = ["planner", "executor", "validator", "reviewer"]
     timings: dict[str, list[float]] = {"full": [], "prefix": [], "context": []}
@@ -115,13 +117,12 @@ def role_first(
             {"role": "user", "content": words(args.new_tokens)},
         ]
         text = tok.apply_chat_template(messages, add_generation_prompt=True)
-        at = context_offset(text, messages)
         t0 = time.perf_counter()
         expected = tok.encode_uncached(text, add_special_tokens=False)
         t1 = time.perf_counter()
         by_prefix = prefix_only.encode(text, add_special_tokens=False)
         t2 = time.perf_counter()
-        by_context = tok.encode(text, add_special_tokens=False, context_at=at)
+        by_context = tok.encode(text, add_special_tokens=False)
         t3 = time.perf_counter()
         assert by_prefix == expected and by_context == expected, "ids differ from a full encode"
         if turn == 0:
@@ -135,7 +136,7 @@ def role_first(
         f"role prompt first, then the shared context, then ~{args.new_tokens} tokens of its own",
         f"full encode:            median {full * 1000:.2f} ms",
         f"prefix reuse only:      median {prefix * 1000:.2f} ms ({full / prefix:.1f}x)",
-        f"with the context hint:  median {context_s * 1000:.2f} ms ({full / context_s:.1f}x)",
+        f"prefix and chunks:      median {context_s * 1000:.2f} ms ({full / context_s:.1f}x)",
         "ids identical to a full encode on every prompt, both ways",
     ]
 
