@@ -17,10 +17,13 @@ behind each agent's own role prompt: "role first") shares no prefix with the pro
 So past the point where a text leaves its best cached prefix, it is cut into chunks at points
 chosen by its content alone, as deduplicating stores do: a space before a letter (a split that
 leaves tokens on both sides final, from the text alone: `segment_split`) where a hash of the 8
-characters before it has its top 10 bits zero, about every 7,000 characters. The same context
-behind another role prompt is cut at the same points, so its chunks are found again, each
-through the cache as a text of its own; only the text from the divergence to the first cut and
-each chunk's last word are tokenized again.
+characters before it has its top 10 bits zero, about every 7,000 characters, and no closer than
+MIN_CACHED_CHARS to the last cut. The same context behind another role prompt is cut at the
+same points, so its chunks are found again, each through the cache as a text of its own; only
+the text from the divergence to the first cut and each chunk's last word are tokenized again.
+A text none of whose chunks is known is encoded in one go, and its chunks are kept as slices
+of that encoding. Chunks are looked for in ASCII text only (where byte offsets are character
+offsets); other text reuses prefixes alone.
 
 Finding the cached text that shares the longest prefix costs two comparisons, not one per
 entry: entries are kept sorted by text, and the one sharing the most with a new text is next to
@@ -256,6 +259,9 @@ class PrefixEncodeCache:
         # every entry, least recently stored first (keyed by identity; the entry keeps it alive)
         self._order: OrderedDict[int, tuple[tuple[bool, str], _Entry]] = OrderedDict()
         self._tokens = 0  # token ids held by all entries
+        # chunks kept from a text and not used since (see _store), least recently kept first
+        self._probation: OrderedDict[int, _Entry] = OrderedDict()
+        self._probation_tokens = 0
         self.hits = 0
         self.reused_tokens = 0
 
@@ -280,18 +286,25 @@ class PrefixEncodeCache:
         family = self._families.get(probe)
         best, best_common = family.nearest(text) if family is not None else (None, 0)
         cuts = self._chunk_cuts(text, best_common) if chunked else []
+        bounds = list(zip(cuts, [*cuts[1:], len(text)], strict=True)) if cuts else []
         ids = PrefixIds()
-        head = text[: cuts[0]] if cuts else text
-        starts, source, reused = self._encode_after(
-            best, best_common, head, add_special_tokens, ids
-        )
-        if cuts:
+        if any((False, text[b : b + _PROBE]) in self._families for b, _ in bounds):
+            # a chunk seen before: the head past the prefix, then each chunk through the cache
+            starts, source, reused = self._encode_after(
+                best, best_common, text[: cuts[0]], add_special_tokens, ids
+            )
             parts = [starts]
-            for begin, end in zip(cuts, [*cuts[1:], len(text)], strict=True):
+            for begin, end in bounds:
                 chunk_ids, chunk_starts = self._encode_chunk(text[begin:end])
                 ids.extend(chunk_ids)
                 parts.append(chunk_starts + begin)
             starts = np.concatenate(parts)
+        else:  # none seen: one encode past the prefix; its chunks kept, for the texts to come
+            starts, source, reused = self._encode_after(
+                best, best_common, text, add_special_tokens, ids
+            )
+            for begin, end in bounds:
+                self._keep_chunk(text, begin, end, ids, starts)
         extended = best if best is not None and best_common == len(best.text) else None
         entry = _Entry(text, ids, starts)
         ids.keys = entry.keys
@@ -333,6 +346,24 @@ class PrefixEncodeCache:
         entry = self._encode_entry(chunk, False, chunked=False)
         return entry.ids, entry.starts
 
+    def _keep_chunk(self, text: str, begin: int, end: int, ids: list[int], starts: Starts) -> None:
+        """Keep `text[begin:end]`, its ids and starts sliced from the whole text's (a token
+        starts at each cut: cuts are safe splits), on probation (see `_store`)."""
+        if end - begin < MIN_CACHED_CHARS:
+            return
+        first, last = (int(i) for i in starts.searchsorted((begin, end)))
+        if first >= len(ids) or starts[first] != begin:  # not a token start after all
+            return
+        chunk = text[begin:end]
+        chunk_ids = PrefixIds(ids[first:last])
+        entry = _Entry(chunk, chunk_ids, starts[first:last] - begin)
+        chunk_ids.keys, chunk_ids.source_keys, chunk_ids.reused = entry.keys, None, 0
+        probe = (False, chunk[:_PROBE])
+        family = self._families.get(probe)
+        best, common = family.nearest(chunk) if family is not None else (None, 0)
+        superseded = best if best is not None and common == len(best.text) else None
+        self._store(probe, entry, superseded, on_probation=True)
+
     def _chunk_cuts(self, text: str, after: int) -> list[int]:
         """Content-defined cut points past `after` (module doc), each a split `segment_split`
         confirms; none when less than two chunks' worth of text is left."""
@@ -357,28 +388,50 @@ class PrefixEncodeCache:
                 cuts.append(pos)
         return cuts
 
-    def _store(self, probe: tuple[bool, str], entry: _Entry, superseded: _Entry | None) -> None:
+    def _store(
+        self,
+        probe: tuple[bool, str],
+        entry: _Entry,
+        superseded: _Entry | None,
+        *,
+        on_probation: bool = False,
+    ) -> None:
         """Keep `entry`; past `max_entries` or `max_tokens`, forget the least recently stored
         entries (the newest stays, however long), whichever family of prompts (first
         characters) they belong to. (Taking the oldest entry of the least recently used family
         instead emptied families that were in use: eight workflows' agents, interleaved, each
-        lost their context's encoding every few requests and were tokenized whole.)"""
-        family = self._families.setdefault(probe, _Family())
-        if superseded is not None and family.remove(superseded):
-            del self._order[id(superseded)]  # the new text extends it: keep the longer one
-            self._tokens -= len(superseded.ids)
-        family.add(entry)
+        lost their context's encoding every few requests and were tokenized whole.)
+
+        `on_probation`: a chunk no text has used yet. Such chunks hold at most a quarter of the
+        cache, the oldest forgotten first, so unique prompts (a trace's conversations) cannot
+        push out the encodings that come back; a chunk found again is kept anew, off it."""
+        if superseded is not None and id(superseded) in self._order:
+            self._forget(superseded)  # the new text extends it: keep the longer one
+        self._families.setdefault(probe, _Family()).add(entry)
         self._order[id(entry)] = (probe, entry)
         self._tokens += len(entry.ids)
+        if on_probation:
+            self._probation[id(entry)] = entry
+            self._probation_tokens += len(entry.ids)
+            while len(self._probation) > 1 and (
+                len(self._probation) > self.max_entries // 4
+                or self._probation_tokens > self.max_tokens // 4
+            ):
+                self._forget(next(iter(self._probation.values())))
         while len(self._order) > 1 and (
             len(self._order) > self.max_entries or self._tokens > self.max_tokens
         ):
-            _, (oldest_probe, oldest) = self._order.popitem(last=False)
-            oldest_family = self._families[oldest_probe]
-            oldest_family.remove(oldest)
-            self._tokens -= len(oldest.ids)
-            if not oldest_family.entries:
-                del self._families[oldest_probe]
+            self._forget(next(iter(self._order.values()))[1])
+
+    def _forget(self, entry: _Entry) -> None:
+        probe, _ = self._order.pop(id(entry))
+        family = self._families[probe]
+        family.remove(entry)
+        self._tokens -= len(entry.ids)
+        if self._probation.pop(id(entry), None) is not None:
+            self._probation_tokens -= len(entry.ids)
+        if not family.entries:
+            del self._families[probe]
 
 
 def _common_prefix(a: str, b: str) -> int:

@@ -16,9 +16,11 @@ from hiveroute.engines.vllm_local import CHAT_TEMPLATE, _train_tokenizer
 from hiveroute.kvindex.blocks import block_keys
 from hiveroute.kvindex.prefix_cache import (
     SEGMENT_SAFE_PATTERNS,
+    PrefixEncodeCache,
     _common_prefix,
     _Entry,
     _Family,
+    any_token_start,
     byte_level_split,
     prefix_block_keys,
     reused_tokens,
@@ -374,3 +376,29 @@ def test_chunks_of_a_context_at_any_offset_leave_the_ids_of_a_full_encode(
         for special in (False, True):
             ids = tok.encode(text, add_special_tokens=special)
             assert ids == tok.encode_uncached(text, add_special_tokens=special)
+
+
+def test_chunks_no_text_used_again_hold_at_most_a_quarter_of_the_cache() -> None:
+    """Unique long prompts (a trace's conversations) keep their chunks on probation: those
+    never take more than a quarter of the cache, and a chunk found again leaves probation."""
+    tok = BuiltinTokenizer()
+    cache = PrefixEncodeCache(
+        tok._encode_with_offsets,
+        safe_split=any_token_start,
+        segment_split=piece_boundary,
+        max_tokens=60_000,
+    )
+    contexts = [filler(8000, "unique", i) for i in range(12)]
+    for i, context in enumerate(contexts):
+        text = f"conversation {i} opens. " + context
+        assert cache.encode(text, False) == tok.encode_uncached(text, add_special_tokens=False)
+        assert cache._probation_tokens <= cache.max_tokens // 4
+    assert cache._probation  # some chunks are kept, on probation
+    sibling = "another agent, another role prompt. " + contexts[-1]
+    before = cache.reused_tokens
+    ids = cache.encode(sibling, False)
+    assert ids == tok.encode_uncached(sibling, add_special_tokens=False)
+    context_tokens = len(tok.encode_uncached(contexts[-1], add_special_tokens=False))
+    assert cache.reused_tokens - before > 0.7 * context_tokens
+    found_again = [e for _, e in cache._order.values() if contexts[-1][4000:4100] in e.text]
+    assert found_again and not any(id(e) in cache._probation for e in found_again)
