@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.report import write_report
-from hiveroute.kvindex.prefix_cache import PrefixEncodeCache
 from hiveroute.kvindex.tokenizer import HFTokenizer
 
 WORDS = (
@@ -103,8 +102,7 @@ def context_first(
 def role_first(
     tok: HFTokenizer, args: argparse.Namespace, words: Callable[[int], str]
 ) -> list[str]:
-    prefix_only = HFTokenizer(tok.directory)
-    prefix_only.prefix_cache = PrefixEncodeCache(prefix_only._encode_with_offsets)  # no chunks
+    prefix_only = HFTokenizer(tok.directory)  # a cache of its own, asked for prefixes only
     context = words(args.prompt_tokens - args.new_tokens)
     roles = ["planner", "executor", "validator", "reviewer"]
     timings: dict[str, list[float]] = {"full": [], "prefix": [], "context": []}
@@ -122,7 +120,7 @@ def role_first(
         t1 = time.perf_counter()
         by_prefix = prefix_only.encode(text, add_special_tokens=False)
         t2 = time.perf_counter()
-        by_context = tok.encode(text, add_special_tokens=False)
+        by_context = tok.encode(text, add_special_tokens=False, chunked=True)
         t3 = time.perf_counter()
         assert by_prefix == expected and by_context == expected, "ids differ from a full encode"
         if turn == 0:

@@ -40,7 +40,12 @@ _START = operator.itemgetter(0)  # a token's (start, end) offsets -> its start
 class Tokenizer(Protocol):
     name: str
 
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+    def encode(
+        self, text: str, *, add_special_tokens: bool = True, chunked: bool = False
+    ) -> list[int]:
+        """`chunked`: a rendered chat prompt, whose shared context may follow a prompt of the
+        agent's own; its chunks are reused too (prefix_cache.py). The ids are the same."""
+        ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -79,7 +84,7 @@ def prompt_token_ids(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> l
             add_generation_prompt=bool(body.get("add_generation_prompt", True)),
             tools=body.get("tools"),
         )
-        return tokenizer.encode(text, add_special_tokens=False)
+        return tokenizer.encode(text, add_special_tokens=False, chunked=True)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return tokenizer.encode(prompt, add_special_tokens=True)
@@ -145,8 +150,10 @@ class BuiltinTokenizer:
             self._pieces.setdefault(token, piece)
         return token
 
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        return self.prefix_cache.encode(text, add_special_tokens)
+    def encode(
+        self, text: str, *, add_special_tokens: bool = True, chunked: bool = False
+    ) -> list[int]:
+        return self.prefix_cache.encode(text, add_special_tokens, chunked=chunked)
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """A full encode, bypassing the prefix cache (tests and benchmarks compare with it)."""
@@ -241,9 +248,11 @@ class HFTokenizer:
         plain = self._tok.encode("hello world", add_special_tokens=False).ids
         return with_specials[len(with_specials) - len(plain) :] == plain
 
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+    def encode(
+        self, text: str, *, add_special_tokens: bool = True, chunked: bool = False
+    ) -> list[int]:
         if self.prefix_cache is not None:
-            return self.prefix_cache.encode(text, add_special_tokens)
+            return self.prefix_cache.encode(text, add_special_tokens, chunked=chunked)
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:

@@ -34,7 +34,7 @@ def render(
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
     except (jinja2.TemplateError, TypeError, ValueError) as exc:
         raise BadRequest(f"the chat template cannot render this conversation: {exc}") from None
-    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens, chunked=True)
 
 
 def responses_prompt(

@@ -374,7 +374,7 @@ def test_chunks_of_a_context_at_any_offset_leave_the_ids_of_a_full_encode(
         tail = " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 600)))
         text = head + rng.choice(["", " ", "\n", "x"]) + context + rng.choice(["", " "]) + tail
         for special in (False, True):
-            ids = tok.encode(text, add_special_tokens=special)
+            ids = tok.encode(text, add_special_tokens=special, chunked=True)
             assert ids == tok.encode_uncached(text, add_special_tokens=special)
 
 
@@ -391,14 +391,36 @@ def test_chunks_no_text_used_again_hold_at_most_a_quarter_of_the_cache() -> None
     contexts = [filler(8000, "unique", i) for i in range(12)]
     for i, context in enumerate(contexts):
         text = f"conversation {i} opens. " + context
-        assert cache.encode(text, False) == tok.encode_uncached(text, add_special_tokens=False)
+        ids = cache.encode(text, False, chunked=True)
+        assert ids == tok.encode_uncached(text, add_special_tokens=False)
         assert cache._probation_tokens <= cache.max_tokens // 4
     assert cache._probation  # some chunks are kept, on probation
     sibling = "another agent, another role prompt. " + contexts[-1]
     before = cache.reused_tokens
-    ids = cache.encode(sibling, False)
+    ids = cache.encode(sibling, False, chunked=True)
     assert ids == tok.encode_uncached(sibling, add_special_tokens=False)
     context_tokens = len(tok.encode_uncached(contexts[-1], add_special_tokens=False))
     assert cache.reused_tokens - before > 0.7 * context_tokens
     found_again = [e for _, e in cache._order.values() if contexts[-1][4000:4100] in e.text]
     assert found_again and not any(id(e) in cache._probation for e in found_again)
+
+
+def test_a_completion_prompt_is_reused_by_prefix_only() -> None:
+    """Chunks are looked for in chat prompts only: a completion's context behind another
+    beginning is tokenized again (the trace's completions share blocks only as prefixes)."""
+    tok = BuiltinTokenizer()
+    context = filler(6000, "completion context")
+    for head in ("first agent: ", "second agent: "):
+        before = tok.prefix_cache.reused_tokens
+        ids = prompt_token_ids(tok, "/v1/completions", {"prompt": head + context})
+        assert ids == tok.encode_uncached(head + context)
+    assert tok.prefix_cache.reused_tokens - before < 10
+    chat = {"messages": [{"role": "user", "content": "third agent: " + context}]}
+    before = tok.prefix_cache.reused_tokens
+    prompt_token_ids(tok, "/v1/chat/completions", chat)
+    prompt_token_ids(
+        tok,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "fourth agent: " + context}]},
+    )
+    assert tok.prefix_cache.reused_tokens - before > 0.3 * len(tok.encode_uncached(context))
