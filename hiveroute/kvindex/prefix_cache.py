@@ -24,9 +24,9 @@ the text from the divergence to the first cut and each chunk's last word are tok
 A text none of whose chunks is known is encoded in one go, and its chunks are kept as slices
 of that encoding. Chunks are looked for in chat prompts (`chunked`: where agents put a prompt
 of their own before a shared context) of ASCII text (where byte offsets are character
-offsets); completion prompts and other text reuse prefixes alone: on the Mooncake trace's
-completions, which share blocks only as prefixes, looking for chunks cost 0.1-0.2 ms a request
-and found none.
+offsets); completion prompts and other text reuse prefixes alone: the Mooncake trace's
+completions share blocks only as prefixes, and looking for chunks there cost 0.1-0.2 ms of
+router time a request.
 
 Finding the cached text that shares the longest prefix costs two comparisons, not one per
 entry: entries are kept sorted by text, and the one sharing the most with a new text is next to
