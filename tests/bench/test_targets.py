@@ -15,10 +15,9 @@ from tests.support.fake_engine import FakeEngine
 
 
 async def test_hiveroute_subprocess_target_relays_and_stops(
-    fake_engine: FakeEngine, tmp_path: Path
+    fake_engine: FakeEngine, fake_fleet: Fleet, tmp_path: Path
 ) -> None:
-    fleet = Fleet(specs=[fake_engine.url], urls=[fake_engine.url], kind="fake")
-    target = await start_target(TargetSpec.parse("hiveroute:round_robin"), fleet, tmp_path)
+    target = await start_target(TargetSpec.parse("hiveroute:round_robin"), fake_fleet, tmp_path)
     try:
         body = {"model": "fake-model", "prompt": "hi", "max_tokens": 2, "stream": True}
         async with (
@@ -34,11 +33,10 @@ async def test_hiveroute_subprocess_target_relays_and_stops(
 
 
 async def test_a_router_target_runs_as_replicas_each_answering(
-    fake_engine: FakeEngine, tmp_path: Path
+    fake_engine: FakeEngine, fake_fleet: Fleet, tmp_path: Path
 ) -> None:
-    fleet = Fleet(specs=[fake_engine.url], urls=[fake_engine.url], kind="fake")
     spec = TargetSpec.parse("hiveroute:round_robin")
-    target = await start_target(spec, fleet, tmp_path, replicas=2)
+    target = await start_target(spec, fake_fleet, tmp_path, replicas=2)
     try:
         assert len(set(target.urls)) == 2
         body = {"model": "fake-model", "prompt": "hi", "max_tokens": 2}
@@ -53,16 +51,15 @@ async def test_a_router_target_runs_as_replicas_each_answering(
     assert (tmp_path / "target-hiveroute-round_robin.log").exists()
     assert (tmp_path / "target-hiveroute-round_robin-replica2.log").exists()
     with pytest.raises(ConfigError, match="replicas must be between 1 and 16"):
-        await start_target(spec, fleet, tmp_path, replicas=0)
+        await start_target(spec, fake_fleet, tmp_path, replicas=0)
 
 
 @pytest.mark.parametrize("state", ["memory", "redis"])
 async def test_replicas_share_a_workflow_only_when_their_state_is_in_redis(
-    fake_engine: FakeEngine, tmp_path: Path, state: str
+    fake_fleet: Fleet, tmp_path: Path, state: str
 ) -> None:
-    fleet = Fleet(specs=[fake_engine.url], urls=[fake_engine.url], kind="fake")
     spec = TargetSpec.parse("hiveroute:workflow")
-    target = await start_target(spec, fleet, tmp_path, replicas=2, state=state)
+    target = await start_target(spec, fake_fleet, tmp_path, replicas=2, state=state)
     try:
         first, second = target.urls
         async with aiohttp.ClientSession() as http:
@@ -77,16 +74,15 @@ async def test_replicas_share_a_workflow_only_when_their_state_is_in_redis(
     if redis is not None:
         assert redis.process is None  # stopped with the target
     with pytest.raises(ConfigError, match="state must be one of memory, redis"):
-        await start_target(spec, fleet, tmp_path, state="etcd")
+        await start_target(spec, fake_fleet, tmp_path, state="etcd")
 
 
 @pytest.mark.parametrize("level", ["info", "warning"])
 async def test_router_log_level_decides_whether_each_request_is_logged(
-    fake_engine: FakeEngine, tmp_path: Path, level: str
+    fake_fleet: Fleet, tmp_path: Path, level: str
 ) -> None:
-    fleet = Fleet(specs=[fake_engine.url], urls=[fake_engine.url], kind="fake")
     spec = TargetSpec.parse("hiveroute:round_robin")
-    target = await start_target(spec, fleet, tmp_path, log_level=level)
+    target = await start_target(spec, fake_fleet, tmp_path, log_level=level)
     try:
         body = {"model": "fake-model", "prompt": "hi", "max_tokens": 2}
         headers = {"X-Request-Id": "logged-1"}
