@@ -40,8 +40,9 @@ from __future__ import annotations
 import json
 from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -171,19 +172,35 @@ def prefix_block_keys(
     return keys
 
 
-def tokenizer_supports_prefix_reuse(tokenizer_json: str) -> bool:
-    """Whether splitting at ``<non-space> ␣<letter>`` is safe for this tokenizer.json."""
+# a tokenizer.json, as text or parsed (a caller that asks twice parses it once)
+TokenizerJson = str | Mapping[str, Any]
+
+
+def _parsed(tokenizer_json: TokenizerJson) -> Mapping[str, Any] | None:
+    if not isinstance(tokenizer_json, str):
+        return tokenizer_json
     try:
         spec = json.loads(tokenizer_json)
     except ValueError:
-        return False
-    if spec.get("normalizer") is not None:
+        return None
+    return spec if isinstance(spec, dict) else None
+
+
+def _pre_tokenizers(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pre-tokenizer steps, in order (a Sequence's, or the one alone)."""
+    pre = spec.get("pre_tokenizer") or {}
+    parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    return [p for p in parts if isinstance(p, dict)]
+
+
+def tokenizer_supports_prefix_reuse(tokenizer_json: TokenizerJson) -> bool:
+    """Whether splitting at ``<non-space> ␣<letter>`` is safe for this tokenizer.json."""
+    spec = _parsed(tokenizer_json)
+    if spec is None or spec.get("normalizer") is not None:
         return False
     if any(" " in str(t.get("content", "")) for t in spec.get("added_tokens") or []):
         return False
-    pre = spec.get("pre_tokenizer") or {}
-    parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
-    kinds = [p.get("type") for p in parts if isinstance(p, dict)]
+    kinds = [p.get("type") for p in _pre_tokenizers(spec)]
     return "ByteLevel" in kinds and all(k in ("ByteLevel", "Split", "Digits") for k in kinds)
 
 
@@ -202,14 +219,14 @@ SEGMENT_SAFE_PATTERNS = frozenset(
 )
 
 
-def tokenizer_splits_from_text(tokenizer_json: str) -> bool:
+def tokenizer_splits_from_text(tokenizer_json: TokenizerJson) -> bool:
     """Whether `byte_level_split` is safe for this tokenizer.json without a cached encoding to
     confirm it: prefix reuse is, and the pre-tokenizer is ByteLevel with its own regex, or a
     Split on one of SEGMENT_SAFE_PATTERNS (isolated) before a ByteLevel without one."""
-    if not tokenizer_supports_prefix_reuse(tokenizer_json):
+    spec = _parsed(tokenizer_json)
+    if spec is None or not tokenizer_supports_prefix_reuse(spec):
         return False
-    pre = json.loads(tokenizer_json).get("pre_tokenizer") or {}
-    parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    parts = _pre_tokenizers(spec)
     if [p.get("type") for p in parts] == ["ByteLevel"]:
         return bool(parts[0].get("use_regex", True))
     if [p.get("type") for p in parts] == ["Split", "ByteLevel"]:
@@ -286,8 +303,7 @@ class PrefixEncodeCache:
     def _encode_entry(self, text: str, add_special_tokens: bool, *, chunked: bool) -> _Entry:
         """Encode a text of at least MIN_CACHED_CHARS and keep it (its chunks too, `chunked`)."""
         probe = (add_special_tokens, text[:_PROBE])
-        family = self._families.get(probe)
-        best, best_common = family.nearest(text) if family is not None else (None, 0)
+        best, best_common = self._nearest(probe, text)
         cuts = self._chunk_cuts(text, best_common) if chunked else []
         bounds = list(zip(cuts, [*cuts[1:], len(text)], strict=True)) if cuts else []
         ids = PrefixIds()
@@ -308,13 +324,12 @@ class PrefixEncodeCache:
             )
             for begin, end in bounds:
                 self._keep_chunk(text, begin, end, ids, starts)
-        extended = best if best is not None and best_common == len(best.text) else None
         entry = _Entry(text, ids, starts)
         ids.keys = entry.keys
         # keys of the reused prefix only: the chunks' keys were keyed from their own starts
         ids.source_keys = source.keys if source is not None else None
         ids.reused = reused
-        self._store(probe, entry, extended)
+        self._store(probe, entry, _extended(best, best_common))
         return entry
 
     def _encode_after(
@@ -362,10 +377,12 @@ class PrefixEncodeCache:
         entry = _Entry(chunk, chunk_ids, starts[first:last] - begin)
         chunk_ids.keys, chunk_ids.source_keys, chunk_ids.reused = entry.keys, None, 0
         probe = (False, chunk[:_PROBE])
+        self._store(probe, entry, _extended(*self._nearest(probe, chunk)), on_probation=True)
+
+    def _nearest(self, probe: tuple[bool, str], text: str) -> tuple[_Entry | None, int]:
+        """The kept entry sharing the longest prefix with `text`, and how many characters."""
         family = self._families.get(probe)
-        best, common = family.nearest(chunk) if family is not None else (None, 0)
-        superseded = best if best is not None and common == len(best.text) else None
-        self._store(probe, entry, superseded, on_probation=True)
+        return family.nearest(text) if family is not None else (None, 0)
 
     def _chunk_cuts(self, text: str, after: int) -> list[int]:
         """Content-defined cut points past `after` (module doc), each a split `segment_split`
@@ -435,6 +452,11 @@ class PrefixEncodeCache:
             self._probation_tokens -= len(entry.ids)
         if not family.entries:
             del self._families[probe]
+
+
+def _extended(best: _Entry | None, common: int) -> _Entry | None:
+    """`best` when a new text extends all of it (then the new one replaces it), else None."""
+    return best if best is not None and common == len(best.text) else None
 
 
 def _common_prefix(a: str, b: str) -> int:

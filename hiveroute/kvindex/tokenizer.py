@@ -229,8 +229,9 @@ class HFTokenizer:
         self.chat_template = _load_chat_template(self.directory, config)
         self._compiled: Any = None
         self.prefix_cache: PrefixEncodeCache | None = None
-        if tokenizer_supports_prefix_reuse(spec_text) and self._specials_only_in_front():
-            segments = byte_level_split if tokenizer_splits_from_text(spec_text) else None
+        spec = json.loads(spec_text)  # valid: the Rust tokenizer has just read it
+        if tokenizer_supports_prefix_reuse(spec) and self._specials_only_in_front():
+            segments = byte_level_split if tokenizer_splits_from_text(spec) else None
             self.prefix_cache = PrefixEncodeCache(self._encode_with_offsets, segment_split=segments)
 
     def _encode_with_offsets(self, text: str, add_special_tokens: bool) -> tuple[list[int], Starts]:
