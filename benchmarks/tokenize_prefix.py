@@ -105,7 +105,7 @@ def role_first(
     prefix_only = HFTokenizer(tok.directory)  # a cache of its own, asked for prefixes only
     context = words(args.prompt_tokens - args.new_tokens)
     roles = ["planner", "executor", "validator", "reviewer"]
-    timings: dict[str, list[float]] = {"full": [], "prefix": [], "context": []}
+    timings: dict[str, list[float]] = {"full": [], "prefix": [], "chunks": []}
     sizes = []
     for turn in range(args.turns):
         role = roles[turn % len(roles)]
@@ -120,21 +120,21 @@ def role_first(
         t1 = time.perf_counter()
         by_prefix = prefix_only.encode(text, add_special_tokens=False)
         t2 = time.perf_counter()
-        by_context = tok.encode(text, add_special_tokens=False, chunked=True)
+        by_chunks = tok.encode(text, add_special_tokens=False, chunked=True)
         t3 = time.perf_counter()
-        assert by_prefix == expected and by_context == expected, "ids differ from a full encode"
+        assert by_prefix == expected and by_chunks == expected, "ids differ from a full encode"
         if turn == 0:
             continue  # the first prompt fills both caches
         for key, seconds in zip(timings, (t1 - t0, t2 - t1, t3 - t2), strict=True):
             timings[key].append(seconds)
         sizes.append(len(expected))
-    full, prefix, context_s = (statistics.median(timings[k]) for k in timings)
+    full, prefix, chunks = (statistics.median(timings[k]) for k in timings)
     return [
         f"prompts: {len(sizes)}, median {statistics.median(sizes)} tokens; each agent's own "
         f"role prompt first, then the shared context, then ~{args.new_tokens} tokens of its own",
         f"full encode:            median {full * 1000:.2f} ms",
         f"prefix reuse only:      median {prefix * 1000:.2f} ms ({full / prefix:.1f}x)",
-        f"prefix and chunks:      median {context_s * 1000:.2f} ms ({full / context_s:.1f}x)",
+        f"prefix and chunks:      median {chunks * 1000:.2f} ms ({full / chunks:.1f}x)",
         "ids identical to a full encode on every prompt, both ways",
     ]
 

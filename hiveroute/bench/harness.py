@@ -136,7 +136,7 @@ async def run_benchmark(options: RunOptions) -> RunResult:
     run_t0 = time.perf_counter()
     try:
         for spec in options.targets:
-            tag = spec.label.replace(":", "-")
+            tag = spec.file_tag
             if spec.external:  # a running deployment: its engines are its own
                 _say(options, f"using {spec.label}")
                 fleet = Fleet(specs=[], urls=[], kind="external")

@@ -65,6 +65,11 @@ class TargetSpec:
         return self.kind == URL_KIND
 
     @property
+    def file_tag(self) -> str:
+        """The label as a part of a file name (its logs, its Redis directory)."""
+        return self.label.replace(":", "-")
+
+    @property
     def is_hiveroute(self) -> bool:
         """A hiveroute router the harness starts (its state store is the harness's to choose)."""
         return self.kind.startswith("hiveroute")
@@ -186,14 +191,14 @@ async def start_target(
     try:
         store = "memory"
         if state == "redis" and spec.is_hiveroute:
-            redis_dir = log_dir / f"redis-{spec.label.replace(':', '-')}"
+            redis_dir = log_dir / f"redis-{spec.file_tag}"
             redis_dir.mkdir(parents=True, exist_ok=True)
             target._redis = RedisServer(workdir=redis_dir)
             target._redis.start()  # blocks for the few ms redis-server takes to answer
             store = target._redis.url
         for i in range(replicas):
             suffix = "" if i == 0 else f"-replica{i + 1}"
-            log = log_dir / f"target-{spec.label.replace(':', '-')}{suffix}.log"
+            log = log_dir / f"target-{spec.file_tag}{suffix}.log"
             await _start_replica(spec, fleet, log, timeout_s, log_level, target, store)
     except BaseException:
         await target.stop()
