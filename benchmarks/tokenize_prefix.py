@@ -9,8 +9,14 @@ the shared context, then its own part: no prefix is shared past the role prompt.
 are tokenized three ways: whole, through a cache that reuses prefixes only (as before
 2026-12-06), and through the router's cache, which also reuses content-defined chunks.
 
+With `--layout sibling_worker` two workers of one router (two tokenizers, each with its own
+cache) see each workflow: one tokenizes the planner's context-first prompt, the other the
+executor's, which shares the context. Each new workflow is tokenized by two such pairs,
+alternating which goes first: workers alone, and workers sharing their chunks
+(kvindex/shared_chunks.py, as `serve --workers` runs them).
+
     PYTHONPATH=. python -m benchmarks.tokenize_prefix [--tokenizer DIR] [--turns 20]
-        [--layout context_first|role_first]
+        [--layout context_first|role_first|sibling_worker]
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.report import write_report
+from hiveroute.kvindex.shared_chunks import SharedChunkStore
 from hiveroute.kvindex.tokenizer import HFTokenizer
+from hiveroute.runtime import memory_dir
 
 WORDS = (
     "the agent plan task tool result context model cache router engine token block prefix "
@@ -49,7 +57,9 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=20_000)
     parser.add_argument("--new-tokens", type=int, default=1_000)
     parser.add_argument(
-        "--layout", choices=("context_first", "role_first"), default="context_first"
+        "--layout",
+        choices=("context_first", "role_first", "sibling_worker"),
+        default="context_first",
     )
     args = parser.parse_args()
     tok = tokenizer(args.tokenizer)
@@ -63,10 +73,12 @@ def main() -> None:
 
     if args.layout == "role_first":
         lines = role_first(tok, args, words)
+    elif args.layout == "sibling_worker":
+        lines = sibling_worker(tok, args, words)
     else:
         lines = context_first(tok, args, words)
     print("\n".join(lines))
-    name = "tokenize_prefix" if args.layout == "context_first" else "tokenize_prefix_role_first"
+    name = "tokenize_prefix" if args.layout == "context_first" else f"tokenize_prefix_{args.layout}"
     path = write_report(name, "Tokenizer prefix cache", "```\n" + "\n".join(lines) + "\n```")
     print(f"report: {path}")
 
@@ -136,6 +148,55 @@ def role_first(
         f"prefix reuse only:      median {prefix * 1000:.2f} ms ({full / prefix:.1f}x)",
         f"prefix and chunks:      median {chunks * 1000:.2f} ms ({full / chunks:.1f}x)",
         "ids identical to a full encode on every prompt, both ways",
+    ]
+
+
+def sibling_worker(
+    tok: HFTokenizer, args: argparse.Namespace, words: Callable[[int], str]
+) -> list[str]:
+    shared_dir = tempfile.mkdtemp(prefix="hr-chunks-", dir=memory_dir())
+    pairs = {
+        "alone": [HFTokenizer(tok.directory) for _ in range(2)],
+        "shared": [
+            HFTokenizer(tok.directory, shared_chunks=SharedChunkStore(shared_dir, max_tokens=10**7))
+            for _ in range(2)
+        ],
+    }
+    timings: dict[tuple[str, str], list[float]] = {
+        (way, agent): [] for way in pairs for agent in ("planner", "executor")
+    }
+    sizes = []
+    for turn in range(args.turns):
+        context = words(args.prompt_tokens - args.new_tokens)
+        prompts = {
+            agent: tok.apply_chat_template(
+                [
+                    {"role": "system", "content": "The workflow's documents.\n" + context},
+                    {"role": "user", "content": f"You are the {agent}. " + words(args.new_tokens)},
+                ],
+                add_generation_prompt=True,
+            )
+            for agent in ("planner", "executor")
+        }
+        expected = tok.encode_uncached(prompts["executor"], add_special_tokens=False)
+        for way in sorted(pairs, reverse=turn % 2 == 1):  # alternate which pair goes first
+            for worker, agent in zip(pairs[way], ("planner", "executor"), strict=True):
+                t0 = time.perf_counter()
+                got = worker.encode(prompts[agent], add_special_tokens=False, chunked=True)
+                timings[way, agent].append(time.perf_counter() - t0)
+            assert got == expected, "ids differ from a full encode"
+        sizes.append(len(expected))
+    median = {key: statistics.median(values[1:]) * 1000 for key, values in timings.items()}
+    return [
+        f"workflows: {len(sizes) - 1} (after a first one), median {statistics.median(sizes)}"
+        f" tokens a prompt; a new context-first context each, ~{args.new_tokens} tokens of each"
+        " agent's own",
+        "the planner's prompt on one worker, its executor's on the other:",
+        f"workers alone:          planner {median['alone', 'planner']:.2f} ms, "
+        f"executor {median['alone', 'executor']:.2f} ms",
+        f"workers sharing chunks: planner {median['shared', 'planner']:.2f} ms, "
+        f"executor {median['shared', 'executor']:.2f} ms",
+        "ids identical to a full encode on every prompt",
     ]
 
 

@@ -31,6 +31,7 @@ from hiveroute.gateway.pipeline import RequestPipeline, ServedHook
 from hiveroute.gateway.response_ids import ResponseIds
 from hiveroute.kvindex.index import KvIndex
 from hiveroute.kvindex.service import KvEventService, KvIndexCollector, build_kv_index
+from hiveroute.kvindex.shared_chunks import SharedChunksCollector, SharedChunkStore
 from hiveroute.kvindex.tokenizer import Tokenizer, load_tokenizer
 from hiveroute.lifecycle import Component
 from hiveroute.observability.dashboard import add_dashboard_routes
@@ -116,12 +117,17 @@ class Router:
 
 
 def assemble(
-    config: RouterConfig, *, store: StateStore | None = None, board: LoadBoard | None = None
+    config: RouterConfig,
+    *,
+    store: StateStore | None = None,
+    board: LoadBoard | None = None,
+    shared_chunks: SharedChunkStore | None = None,
 ) -> Router:
     """Build a router from its config (nothing runs until `start()`); `store`, when given, is
     the shared state instead of the one `config.state` names (a worker's view of its parent's
     store under `serve --workers`); `board`, when given, is the host's load board, where this
-    worker and its siblings count what each has in flight on each engine (workers.py)."""
+    worker and its siblings count what each has in flight on each engine; `shared_chunks`,
+    where they share the chunks of prompts each has tokenized (workers.py)."""
     client = EngineClient(
         api_key=config.engine_api_key,
         timeouts=EngineTimeouts(
@@ -154,7 +160,9 @@ def assemble(
     )
     if tracing is not None:
         components.append(tracing)
-    tokenizer = load_tokenizer(config.tokenizer)
+    tokenizer = load_tokenizer(config.tokenizer, shared_chunks=shared_chunks)
+    if shared_chunks is not None:
+        metrics.registry.register(SharedChunksCollector(shared_chunks))
     kv_index = build_kv_index(config.kv_index_max_blocks, config.kv_speculative_ttl_s)
     kv_events = KvEventService(pool, kv_index, topic=config.kv_events_topic)
     metrics.registry.register(KvIndexCollector(kv_events))

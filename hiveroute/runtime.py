@@ -72,6 +72,13 @@ async def wait_for_shutdown_signal() -> None:
     await stop.wait()
 
 
+def memory_dir() -> str | None:
+    """A directory for files the processes of one router share: /dev/shm when there is one
+    and it is writable (memory, never written back to a disk), else None (the default)."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on `host` right now, for a child process whose CLI cannot take port 0."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -45,6 +45,8 @@ from hiveroute.engines.load_board import LoadBoard, board_path
 from hiveroute.gateway.access_log import configure_logging
 from hiveroute.gateway.app import handle_metrics
 from hiveroute.gateway.parts import GATEWAY_KEY
+from hiveroute.kvindex.prefix_cache import MAX_TOKENS
+from hiveroute.kvindex.shared_chunks import SharedChunkStore
 from hiveroute.observability.dashboard import add_dashboard_routes
 from hiveroute.observability.merge import merge_metrics, merge_overviews
 from hiveroute.runtime import freeze_startup_objects, wait_for_shutdown_signal
@@ -57,6 +59,9 @@ log = logging.getLogger("hiveroute.workers")
 WORKER_HEADER = "X-Hiveroute-Worker"  # the pid of the worker that served a response
 STOP_TIMEOUT_S = 30.0
 READY_TIMEOUT_S = 120.0
+# token ids the workers' shared chunks may hold, all workers together (8 bytes a token): as
+# many as one worker's prefix cache
+SHARED_CHUNK_TOKENS = MAX_TOKENS
 PARENT_POLL_S = 0.5  # how often a worker checks that its parent is alive (not on Linux)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 # what a worker and its parent say on the worker's pipe, in this order
@@ -75,6 +80,7 @@ class WorkerSpec:
     run_dir: str
     state_path: str | None  # the parent's state socket; None: `state` is Redis
     board_path: str | None = None  # the workers' load board (engines/load_board.py)
+    chunks_path: str | None = None  # their tokenized chunks (kvindex/shared_chunks.py)
     parent_pid: int = field(default_factory=os.getpid)  # made in the parent: its pid
 
     def metrics_socket(self, index: int) -> str:
@@ -109,8 +115,10 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):  # before any worker starts: none is orphaned
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    run_dir = tempfile.mkdtemp(prefix="hiveroute-")
+    # in memory when it can be: the load board and the shared chunks are never written to disk
+    run_dir = tempfile.mkdtemp(prefix="hiveroute-", dir=runtime.memory_dir())
     board = board_path(run_dir)  # removed with the run dir
+    chunks = os.path.join(run_dir, "chunks")
     reserved = reserve_port(config.host, config.port)
     state: StateServer | None = None
     processes: list[multiprocessing.process.BaseProcess] = []
@@ -123,7 +131,9 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
             await state.start()
         context = multiprocessing.get_context("spawn")
         for index in range(count):
-            spec = WorkerSpec(config, index, count, run_dir, state.path if state else None, board)
+            spec = WorkerSpec(
+                config, index, count, run_dir, state.path if state else None, board, chunks
+            )
             ours, theirs = context.Pipe(duplex=True)
             process = context.Process(
                 target=worker_main, args=(spec, theirs), name=f"hiveroute-worker-{index}"
@@ -245,7 +255,12 @@ def worker_main(spec: WorkerSpec, parent: Connection) -> None:
 async def _worker(spec: WorkerSpec, parent: Connection, *, watch_parent: bool) -> None:
     store = SharedStateClient(spec.state_path) if spec.state_path else None
     board = LoadBoard(spec.board_path, spec.index) if spec.board_path else None
-    router = assemble(spec.config, store=store, board=board)
+    chunks = (
+        SharedChunkStore(spec.chunks_path, max_tokens=SHARED_CHUNK_TOKENS // spec.count)
+        if spec.chunks_path
+        else None
+    )
+    router = assemble(spec.config, store=store, board=board, shared_chunks=chunks)
     siblings = Siblings(spec)
 
     async def when_every_worker_is_assembled() -> None:

@@ -28,6 +28,10 @@ offsets); completion prompts and other text reuse prefixes alone: the Mooncake t
 completions share blocks only as prefixes, and looking for chunks there cost 0.1-0.2 ms of
 router time a request.
 
+Under `serve --workers` each worker has its own cache, and one workflow's agents reach all of
+them; a cache given the workers' `SharedChunkStore` (shared_chunks.py) writes the chunks it
+tokenized there and reads a chunk it does not know from there before tokenizing it.
+
 Finding the cached text that shares the longest prefix costs two comparisons, not one per
 entry: entries are kept sorted by text, and the one sharing the most with a new text is next to
 where the new text would sort (every text sorted between two others shares at least what those
@@ -45,12 +49,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from hiveroute.kvindex.blocks import BlockKey, block_keys
+from hiveroute.kvindex.shared_chunks import SharedChunkStore, Starts
 
-# each token's start offset in its text, ascending
-Starts = npt.NDArray[np.int64]
 # Encode(text, add_special_tokens) -> (ids, start offset of each token in text)
 EncodeWithOffsets = Callable[[str, bool], tuple[list[int], Starts]]
 # (text, pos) -> whether a token that starts at pos makes every token before it final, whatever
@@ -262,16 +264,19 @@ class PrefixEncodeCache:
         max_tokens: int = MAX_TOKENS,
         safe_split: SplitRule = byte_level_split,
         segment_split: SplitRule | None = None,
+        shared: SharedChunkStore | None = None,
     ) -> None:
         """`safe_split`: where a cached encoding's tokens before a position are final, given
         that the cached encoding has a token starting there. `segment_split`: where a text's
         tokens before and after a position are independent, from the text alone (None: the
-        tokenizer has no such rule, and texts are not cut in chunks)."""
+        tokenizer has no such rule, and texts are not cut in chunks). `shared`: where the
+        sibling workers' chunks are (shared_chunks.py); None with one worker."""
         if max_entries <= 0 or max_tokens <= 0:
             raise ValueError("max_entries and max_tokens must be positive")
         self._encode = encode
         self._safe_split = safe_split
         self._segment_split = segment_split
+        self._shared = shared
         self.max_entries = max_entries
         self.max_tokens = max_tokens
         # (add_special_tokens, first characters) -> that family of entries
@@ -307,14 +312,24 @@ class PrefixEncodeCache:
         cuts = self._chunk_cuts(text, best_common) if chunked else []
         bounds = list(zip(cuts, [*cuts[1:], len(text)], strict=True)) if cuts else []
         ids = PrefixIds()
-        if any((False, text[b : b + _PROBE]) in self._families for b, _ in bounds):
+        known = [(False, text[b : b + _PROBE]) in self._families for b, _ in bounds]
+        from_siblings = self._siblings_chunks(text, bounds, known)
+        if any(known) or from_siblings:
             # a chunk seen before: the head past the prefix, then each chunk through the cache
+            # (or as a sibling worker encoded it)
             starts, source, reused = self._encode_after(
                 best, best_common, text[: cuts[0]], add_special_tokens, ids
             )
             parts = [starts]
-            for begin, end in bounds:
-                chunk_ids, chunk_starts = self._encode_chunk(text[begin:end])
+            for (begin, end), seen in zip(bounds, known, strict=True):
+                chunk = text[begin:end]
+                found = from_siblings.get(begin)
+                if found is not None:
+                    chunk_ids, chunk_starts = self._adopt(chunk, *found)
+                else:
+                    chunk_ids, chunk_starts = self._encode_chunk(chunk)
+                    if not seen:
+                        self._publish(chunk, chunk_ids, chunk_starts)
                 ids.extend(chunk_ids)
                 parts.append(chunk_starts + begin)
             starts = np.concatenate(parts)
@@ -378,6 +393,35 @@ class PrefixEncodeCache:
         chunk_ids.keys, chunk_ids.source_keys, chunk_ids.reused = entry.keys, None, 0
         probe = (False, chunk[:_PROBE])
         self._store(probe, entry, _extended(*self._nearest(probe, chunk)), on_probation=True)
+        self._publish(chunk, chunk_ids, entry.starts)
+
+    def _siblings_chunks(
+        self, text: str, bounds: list[tuple[int, int]], known: list[bool]
+    ) -> dict[int, tuple[list[int], Starts]]:
+        """The chunks this cache does not know and a sibling worker encoded, by start."""
+        if self._shared is None:
+            return {}
+        found = {}
+        for (begin, end), seen in zip(bounds, known, strict=True):
+            if not seen and end - begin >= MIN_CACHED_CHARS:
+                encoded = self._shared.get(text[begin:end])
+                if encoded is not None:
+                    found[begin] = encoded
+        return found
+
+    def _adopt(self, chunk: str, ids: list[int], starts: Starts) -> tuple[list[int], Starts]:
+        """Keep a chunk a sibling worker encoded, as a chunk found again (off probation)."""
+        chunk_ids = PrefixIds(ids)
+        entry = _Entry(chunk, chunk_ids, starts)
+        chunk_ids.keys, chunk_ids.source_keys, chunk_ids.reused = entry.keys, None, 0
+        probe = (False, chunk[:_PROBE])
+        self._store(probe, entry, _extended(*self._nearest(probe, chunk)))
+        return chunk_ids, starts
+
+    def _publish(self, chunk: str, ids: list[int], starts: Starts) -> None:
+        """Offer a chunk this worker encoded to its siblings."""
+        if self._shared is not None and len(chunk) >= MIN_CACHED_CHARS:
+            self._shared.put(chunk, ids, starts)
 
     def _nearest(self, probe: tuple[bool, str], text: str) -> tuple[_Entry | None, int]:
         """The kept entry sharing the longest prefix with `text`, and how many characters."""

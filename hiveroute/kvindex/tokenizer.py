@@ -32,6 +32,7 @@ from hiveroute.kvindex.prefix_cache import (
     tokenizer_splits_from_text,
     tokenizer_supports_prefix_reuse,
 )
+from hiveroute.kvindex.shared_chunks import SharedChunkStore
 
 Message = dict[str, Any]
 _START = operator.itemgetter(0)  # a token's (start, end) offsets -> its start
@@ -130,13 +131,18 @@ class BuiltinTokenizer:
 
     name = "builtin"
 
-    def __init__(self, vocab_size: int = BUILTIN_VOCAB) -> None:
+    def __init__(
+        self, vocab_size: int = BUILTIN_VOCAB, *, shared_chunks: SharedChunkStore | None = None
+    ) -> None:
         self.vocab_size = vocab_size
         self._ids: dict[str, int] = {}
         self._pieces: dict[int, str] = {}
         # Pieces end where the next begins, so any piece boundary splits a text safely.
         self.prefix_cache = PrefixEncodeCache(
-            self._encode_with_offsets, safe_split=any_token_start, segment_split=piece_boundary
+            self._encode_with_offsets,
+            safe_split=any_token_start,
+            segment_split=piece_boundary,
+            shared=shared_chunks,
         )
 
     def _piece_id(self, piece: str) -> int:
@@ -212,7 +218,9 @@ def _special_token_text(value: Any) -> str | None:
 class HFTokenizer:
     """A model's `tokenizer.json` and chat template, as vLLM loads them."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(
+        self, directory: str | Path, *, shared_chunks: SharedChunkStore | None = None
+    ) -> None:
         from tokenizers import Tokenizer as RustTokenizer
 
         self.directory = Path(directory)
@@ -232,7 +240,9 @@ class HFTokenizer:
         spec = json.loads(spec_text)  # valid: the Rust tokenizer has just read it
         if tokenizer_supports_prefix_reuse(spec) and self._specials_only_in_front():
             segments = byte_level_split if tokenizer_splits_from_text(spec) else None
-            self.prefix_cache = PrefixEncodeCache(self._encode_with_offsets, segment_split=segments)
+            self.prefix_cache = PrefixEncodeCache(
+                self._encode_with_offsets, segment_split=segments, shared=shared_chunks
+            )
 
     def _encode_with_offsets(self, text: str, add_special_tokens: bool) -> tuple[list[int], Starts]:
         encoding = self._tok.encode(text, add_special_tokens=add_special_tokens)
@@ -296,8 +306,11 @@ class HFTokenizer:
         return str(self._template().render(**context))
 
 
-def load_tokenizer(directory: str | Path | None) -> Tokenizer:
-    """The built-in tokenizer for None, else the model's tokenizer in `directory`."""
+def load_tokenizer(
+    directory: str | Path | None, *, shared_chunks: SharedChunkStore | None = None
+) -> Tokenizer:
+    """The built-in tokenizer for None, else the model's tokenizer in `directory`.
+    `shared_chunks`: where the sibling workers of one router share tokenized chunks."""
     if directory is None or str(directory) in ("", "builtin"):
-        return BuiltinTokenizer()
-    return HFTokenizer(directory)
+        return BuiltinTokenizer(shared_chunks=shared_chunks)
+    return HFTokenizer(directory, shared_chunks=shared_chunks)

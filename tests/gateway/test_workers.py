@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from hiveroute.bench.workloads.text import filler
 from hiveroute.runtime import free_port
 from tests.support.access import metric_sum
 from tests.support.fake_engine import FakeEngine
@@ -136,6 +137,43 @@ async def test_two_workers_serve_one_port_share_workflows_and_metrics_and_stop_o
     for pid in served:  # the workers are gone too
         with pytest.raises(ProcessLookupError):
             os.kill(int(pid), 0)
+
+
+async def test_a_context_one_worker_tokenized_is_read_not_tokenized_by_the_other(
+    two_workers: tuple[str, asyncio.subprocess.Process],
+) -> None:
+    """Siblings of one workflow reach both workers: the second reads the context's chunks the
+    first tokenized (kvindex/shared_chunks.py), as /metrics counts."""
+    url, _ = two_workers
+    context = filler(12_000, "a workflow's documents")
+    served: set[str] = set()
+    for i in range(40):
+        body = {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "The documents.\n" + context},
+                {"role": "user", "content": f"agent {i}: your step"},
+            ],
+            "max_tokens": 4,
+        }
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with (
+            aiohttp.ClientSession(connector=connector) as http,
+            http.post(f"{url}/v1/chat/completions", json=body) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+            served.add(resp.headers[WORKER_HEADER])
+        if len(served) == 2:
+            break
+    assert len(served) == 2, "one worker served all 40 requests"
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    counts = {
+        line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("hiveroute_tokenizer_shared_chunks_total{")
+    }
+    assert counts["published"] > 0 and counts["found"] > 0, counts
 
 
 async def test_the_workers_stop_when_their_parent_is_killed_outright(
