@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hiveroute.bench.workloads.text import filler
-from hiveroute.engines.vllm_local import CHAT_TEMPLATE, _train_tokenizer
 from hiveroute.kvindex.blocks import block_keys
 from hiveroute.kvindex.prefix_cache import (
     SEGMENT_SAFE_PATTERNS,
@@ -35,19 +34,11 @@ from hiveroute.kvindex.tokenizer import (
     piece_boundary,
     prompt_token_ids,
 )
+from tests.support.prompts import role_first_messages
 
 WORDS = "the agent plan tool résumé 42 café, x.y: don't  foo\nbar\t baz ünï 🙂 <s> result".split(
     " "
 )
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("tok")
-    _train_tokenizer(directory, 600)
-    config = json.loads((directory / "tokenizer_config.json").read_text())
-    assert config["chat_template"] == CHAT_TEMPLATE
-    return directory
 
 
 @pytest.mark.parametrize("kind", ["hf", "builtin"])
@@ -282,20 +273,6 @@ def hf_tokenizer(tokenizer_dir: Path) -> HFTokenizer:
     return HFTokenizer(tokenizer_dir)
 
 
-def _role_first(role: str, context: str, own: str, one_message: bool) -> list[dict[str, str]]:
-    role_prompt = f"You are the {role}. " + "Follow the plan. " * 3
-    if one_message:  # the role's instructions, then the documents, in one system message
-        return [
-            {"role": "system", "content": role_prompt + "\n" + context},
-            {"role": "user", "content": own},
-        ]
-    return [
-        {"role": "system", "content": role_prompt},
-        {"role": "user", "content": context},
-        {"role": "user", "content": own},
-    ]
-
-
 @pytest.mark.parametrize("one_message", [True, False])
 @pytest.mark.parametrize("kind", ["hf", "builtin"])
 def test_a_context_behind_each_agents_own_role_prompt_is_tokenized_once(
@@ -311,8 +288,8 @@ def test_a_context_behind_each_agents_own_role_prompt_is_tokenized_once(
         context = header + f"Workflow {workflow}: " + filler(12_000, "context", workflow)
         context_tokens = len(tok.encode_uncached(context, add_special_tokens=False))
         for step, role in enumerate(["planner", "executor", "validator", "executor"]):
-            messages = _role_first(
-                role, context, f"step {step}: do {role} things " * 2, one_message
+            messages = role_first_messages(
+                role, context, f"step {step}: do {role} things " * 2, one_message=one_message
             )
             before = cache.reused_tokens
             ids = prompt_token_ids(tok, "/v1/chat/completions", {"messages": messages})
@@ -321,7 +298,9 @@ def test_a_context_behind_each_agents_own_role_prompt_is_tokenized_once(
             if step > 0:  # every agent after the first reuses most of the context's tokens
                 assert cache.reused_tokens - before > 0.7 * context_tokens
         # the planner's next step grows its own prompt: reused whole, its block keys with it
-        messages = _role_first("planner", context, "step 0: do planner things " * 2, one_message)
+        messages = role_first_messages(
+            "planner", context, "step 0: do planner things " * 2, one_message=one_message
+        )
         messages += [
             {"role": "assistant", "content": "the plan " * 20},
             {"role": "user", "content": "now the next step"},

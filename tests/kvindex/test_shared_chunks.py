@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 
 from hiveroute.bench.workloads.text import filler
-from hiveroute.kvindex.prefix_cache import PrefixEncodeCache, any_token_start, byte_level_split
+from hiveroute.kvindex.prefix_cache import (
+    EncodeWithOffsets,
+    PrefixEncodeCache,
+    any_token_start,
+    byte_level_split,
+)
 from hiveroute.kvindex.shared_chunks import (
     SUFFIX,
     SharedChunksCollector,
@@ -16,8 +21,7 @@ from hiveroute.kvindex.shared_chunks import (
     chunk_name,
 )
 from hiveroute.kvindex.tokenizer import BuiltinTokenizer, HFTokenizer, piece_boundary
-
-from .test_prefix_cache import _role_first, tokenizer_dir  # noqa: F401  (a fixture)
+from tests.support.prompts import role_first_messages
 
 
 def _starts(count: int) -> Starts:
@@ -76,20 +80,20 @@ def test_a_write_that_fails_is_a_warning_once_never_an_error(
 class _Counting:
     """An encode function that counts the characters it was given."""
 
-    def __init__(self, encode: object) -> None:
+    def __init__(self, encode: EncodeWithOffsets) -> None:
         self.encode = encode
         self.chars = 0
 
     def __call__(self, text: str, special: bool) -> tuple[list[int], Starts]:
         self.chars += len(text)
-        return self.encode(text, special)  # type: ignore[operator, no-any-return]
+        return self.encode(text, special)
 
 
 @pytest.mark.parametrize("layout", ["context_first", "role_first"])
 @pytest.mark.parametrize("kind", ["hf", "builtin"])
 @pytest.mark.parametrize("shared", [True, False])
 def test_a_sibling_on_another_worker_reads_the_context_instead_of_tokenizing_it(
-    tokenizer_dir: Path,  # noqa: F811
+    tokenizer_dir: Path,
     tmp_path: Path,
     kind: str,
     layout: str,
@@ -118,7 +122,7 @@ def test_a_sibling_on_another_worker_reads_the_context_instead_of_tokenizing_it(
                 {"role": "user", "content": own},
             ]
         else:
-            messages = _role_first(role, context, own, one_message=True)
+            messages = role_first_messages(role, context, own, one_message=True)
         text = tok.apply_chat_template(messages, add_generation_prompt=True)
         before = counting.chars
         assert cache.encode(text, False, chunked=True) == tok.encode_uncached(
