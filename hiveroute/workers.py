@@ -62,6 +62,7 @@ READY_TIMEOUT_S = 120.0
 # token ids the workers' shared chunks may hold, all workers together (8 bytes a token): as
 # many as one worker's prefix cache
 SHARED_CHUNK_TOKENS = MAX_TOKENS
+RUN_DIR_PREFIX = "hiveroute-"  # then the parent's pid: hiveroute-<pid>-<random>
 PARENT_POLL_S = 0.5  # how often a worker checks that its parent is alive (not on Linux)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 # what a worker and its parent say on the worker's pipe, in this order
@@ -116,7 +117,9 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     # in memory when it can be: the load board and the shared chunks are never written to disk
-    run_dir = tempfile.mkdtemp(prefix="hiveroute-", dir=runtime.memory_dir())
+    base = runtime.memory_dir() or tempfile.gettempdir()
+    remove_orphaned_run_dirs(base)
+    run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-", dir=base)
     board = board_path(run_dir)  # removed with the run dir
     chunks = os.path.join(run_dir, "chunks")
     reserved = reserve_port(config.host, config.port)
@@ -168,6 +171,41 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
             await state.stop()
         reserved.close()
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def remove_orphaned_run_dirs(base: str) -> list[str]:
+    """Remove the run directories in `base` that routers killed outright left behind (their
+    parent's pid, in the name, is gone; SIGKILL gives no chance to clean up): in /dev/shm they
+    hold memory until the host restarts. Only this user's. Returns the ones removed."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(base):
+            owner = _run_dir_owner(entry.name)
+            if owner is None or owner == os.getpid() or _alive(owner):
+                continue
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False) and entry.stat().st_uid == os.getuid():
+                    shutil.rmtree(entry.path)
+                    removed.append(entry.path)
+    return removed
+
+
+def _run_dir_owner(name: str) -> int | None:
+    """The parent pid in a run directory's name (`hiveroute-<pid>-<random>`), else None."""
+    if not name.startswith(RUN_DIR_PREFIX):
+        return None
+    pid, _, rest = name[len(RUN_DIR_PREFIX) :].partition("-")
+    return int(pid) if pid.isdigit() and rest else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 async def _message(pipe: Connection) -> str:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,6 +17,7 @@ import pytest
 
 from hiveroute.bench.workloads.text import filler
 from hiveroute.runtime import free_port
+from hiveroute.workers import remove_orphaned_run_dirs
 from tests.support.access import metric_sum
 from tests.support.fake_engine import FakeEngine
 
@@ -201,6 +203,26 @@ async def test_the_workers_stop_when_their_parent_is_killed_outright(
         await asyncio.sleep(0.1)
     assert not alive, f"workers {sorted(alive)} outlived their parent"
     assert not listening, f"port {port} still has a listener"
+
+
+def test_a_run_directory_whose_router_was_killed_is_removed_by_the_next(tmp_path: Path) -> None:
+    """A parent killed outright leaves its run directory (in /dev/shm: memory); the next
+    router's start removes it, and nothing else."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead = int(gone.stdout)  # a pid that has exited
+    orphan = tmp_path / f"hiveroute-{dead}-abc123"
+    (orphan / "chunks").mkdir(parents=True)
+    (orphan / "chunks" / "x.chunk").write_bytes(b"12345678")
+    living = tmp_path / f"hiveroute-{os.getpid()}-def456"
+    living.mkdir()
+    other = tmp_path / f"hiveroute-{dead}"  # not a run directory's name
+    other.mkdir()
+    unrelated = tmp_path / "something-else"
+    unrelated.mkdir()
+    assert remove_orphaned_run_dirs(str(tmp_path)) == [str(orphan)]
+    assert not orphan.exists()
+    assert living.exists() and other.exists() and unrelated.exists()
 
 
 def test_where_the_kernel_cannot_kill_a_worker_with_its_parent_it_exits_when_orphaned() -> None:
