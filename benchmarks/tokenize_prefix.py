@@ -74,7 +74,8 @@ def main() -> None:
     if args.layout == "role_first":
         lines = role_first(tok, args, words)
     elif args.layout == "sibling_worker":
-        lines = sibling_worker(tok, args, words)
+        with tempfile.TemporaryDirectory(prefix="hr-chunks-", dir=memory_dir()) as shared_dir:
+            lines = sibling_worker(tok, args, words, shared_dir)
     else:
         lines = context_first(tok, args, words)
     print("\n".join(lines))
@@ -152,9 +153,8 @@ def role_first(
 
 
 def sibling_worker(
-    tok: HFTokenizer, args: argparse.Namespace, words: Callable[[int], str]
+    tok: HFTokenizer, args: argparse.Namespace, words: Callable[[int], str], shared_dir: str
 ) -> list[str]:
-    shared_dir = tempfile.mkdtemp(prefix="hr-chunks-", dir=memory_dir())
     pairs = {
         "alone": [HFTokenizer(tok.directory) for _ in range(2)],
         "shared": [
