@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import fcntl
 import json
 import logging
 import multiprocessing
@@ -28,8 +29,10 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -62,7 +65,9 @@ READY_TIMEOUT_S = 120.0
 # token ids the workers' shared chunks may hold, all workers together (8 bytes a token): as
 # many as one worker's prefix cache
 SHARED_CHUNK_TOKENS = MAX_TOKENS
-RUN_DIR_PREFIX = "hiveroute-"  # then the parent's pid: hiveroute-<pid>-<random>
+RUN_DIR_PREFIX = "hiveroute-"
+ALIVE_LOCK = "alive.lock"  # in a run directory: locked while its router lives
+ORPHAN_MIN_AGE_S = 60.0
 PARENT_POLL_S = 0.5  # how often a worker checks that its parent is alive (not on Linux)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 # what a worker and its parent say on the worker's pipe, in this order
@@ -117,9 +122,7 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     # in memory when it can be: the load board and the shared chunks are never written to disk
-    base = runtime.memory_dir() or tempfile.gettempdir()
-    remove_orphaned_run_dirs(base)
-    run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-", dir=base)
+    run_dir, alive = make_run_dir(runtime.memory_dir() or tempfile.gettempdir())
     board = board_path(run_dir)  # removed with the run dir
     chunks = os.path.join(run_dir, "chunks")
     reserved = reserve_port(config.host, config.port)
@@ -171,41 +174,51 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
             await state.stop()
         reserved.close()
         shutil.rmtree(run_dir, ignore_errors=True)
+        os.close(alive)
 
 
-def remove_orphaned_run_dirs(base: str) -> list[str]:
-    """Remove the run directories in `base` that routers killed outright left behind (their
-    parent's pid, in the name, is gone; SIGKILL gives no chance to clean up): in /dev/shm they
-    hold memory until the host restarts. Only this user's. Returns the ones removed."""
+def make_run_dir(base: str) -> tuple[str, int]:
+    """A new run directory in `base`, and the open file whose lock says its router lives (held
+    until the parent exits, however it exits: the kernel drops the lock with the process).
+    Run directories that routers killed outright left behind are removed first."""
+    remove_orphaned_run_dirs(base)
+    run_dir = tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=base)
+    alive = os.open(os.path.join(run_dir, ALIVE_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(alive, fcntl.LOCK_EX)
+    return run_dir, alive
+
+
+def remove_orphaned_run_dirs(base: str, *, min_age_s: float = ORPHAN_MIN_AGE_S) -> list[str]:
+    """Remove this user's run directories in `base` whose router is gone: a parent killed
+    outright (SIGKILL, the OOM killer) cannot remove its own, and in /dev/shm it holds memory
+    until the host restarts. A router is gone when the lock its parent held is free (a lock,
+    not a pid: pids are per namespace, and /dev/shm may be shared across containers).
+    Directories younger than `min_age_s` are left alone (a router may be making its own).
+    Returns the ones removed."""
     removed = []
+    now = time.time()
     with contextlib.suppress(OSError):
         for entry in os.scandir(base):
-            owner = _run_dir_owner(entry.name)
-            if owner is None or owner == os.getpid() or _alive(owner):
+            if not entry.name.startswith(RUN_DIR_PREFIX):
                 continue
             with contextlib.suppress(OSError):
-                if entry.is_dir(follow_symlinks=False) and entry.stat().st_uid == os.getuid():
-                    shutil.rmtree(entry.path)
-                    removed.append(entry.path)
+                info = entry.stat(follow_symlinks=False)
+                if (
+                    not stat.S_ISDIR(info.st_mode)
+                    or info.st_uid != os.getuid()
+                    or now - info.st_mtime < min_age_s
+                ):
+                    continue
+                lock = os.open(os.path.join(entry.path, ALIVE_LOCK), os.O_RDWR)
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # its router lives
+                finally:
+                    os.close(lock)
+                shutil.rmtree(entry.path)
+                removed.append(entry.path)
     return removed
-
-
-def _run_dir_owner(name: str) -> int | None:
-    """The parent pid in a run directory's name (`hiveroute-<pid>-<random>`), else None."""
-    if not name.startswith(RUN_DIR_PREFIX):
-        return None
-    pid, _, rest = name[len(RUN_DIR_PREFIX) :].partition("-")
-    return int(pid) if pid.isdigit() and rest else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 async def _message(pipe: Connection) -> str:

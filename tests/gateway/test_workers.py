@@ -17,7 +17,7 @@ import pytest
 
 from hiveroute.bench.workloads.text import filler
 from hiveroute.runtime import free_port
-from hiveroute.workers import remove_orphaned_run_dirs
+from hiveroute.workers import make_run_dir, remove_orphaned_run_dirs
 from tests.support.access import metric_sum
 from tests.support.fake_engine import FakeEngine
 
@@ -207,22 +207,28 @@ async def test_the_workers_stop_when_their_parent_is_killed_outright(
 
 def test_a_run_directory_whose_router_was_killed_is_removed_by_the_next(tmp_path: Path) -> None:
     """A parent killed outright leaves its run directory (in /dev/shm: memory); the next
-    router's start removes it, and nothing else."""
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
-    dead = int(gone.stdout)  # a pid that has exited
-    orphan = tmp_path / f"hiveroute-{dead}-abc123"
-    (orphan / "chunks").mkdir(parents=True)
+    router's start removes it, and nothing else: not a living router's, not a new one's."""
+    killed = subprocess.Popen(  # a "router" that makes its run directory, then is killed
+        [sys.executable, "-c", "import sys, time; from hiveroute.workers import make_run_dir; "
+         "print(make_run_dir(sys.argv[1])[0], flush=True); time.sleep(60)", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert killed.stdout is not None
+    orphan = Path(killed.stdout.readline().strip())
+    (orphan / "chunks").mkdir()
     (orphan / "chunks" / "x.chunk").write_bytes(b"12345678")
-    living = tmp_path / f"hiveroute-{os.getpid()}-def456"
-    living.mkdir()
-    other = tmp_path / f"hiveroute-{dead}"  # not a run directory's name
-    other.mkdir()
+    living, alive = make_run_dir(str(tmp_path))
     unrelated = tmp_path / "something-else"
     unrelated.mkdir()
-    assert remove_orphaned_run_dirs(str(tmp_path)) == [str(orphan)]
+    # while it lives its directory is kept, however old
+    assert remove_orphaned_run_dirs(str(tmp_path), min_age_s=0) == []
+    killed.kill()
+    killed.wait()
+    assert remove_orphaned_run_dirs(str(tmp_path)) == []  # too young to be sure
+    assert remove_orphaned_run_dirs(str(tmp_path), min_age_s=0) == [str(orphan)]
     assert not orphan.exists()
-    assert living.exists() and other.exists() and unrelated.exists()
+    assert Path(living).exists() and unrelated.exists()
+    os.close(alive)
 
 
 def test_where_the_kernel_cannot_kill_a_worker_with_its_parent_it_exits_when_orphaned() -> None:
