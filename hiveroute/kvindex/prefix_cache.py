@@ -324,8 +324,9 @@ class PrefixEncodeCache:
             for (begin, end), seen in zip(bounds, known, strict=True):
                 chunk = text[begin:end]
                 found = from_siblings.get(begin)
-                if found is not None:
-                    chunk_ids, chunk_starts = self._adopt(chunk, *found)
+                if found is not None:  # a sibling's: as a chunk found again (off probation)
+                    chunk_ids, chunk_starts = found
+                    chunk_ids = self._keep(chunk, chunk_ids, chunk_starts, on_probation=False)
                 else:
                     chunk_ids, chunk_starts = self._encode_chunk(chunk)
                     if not seen:
@@ -388,12 +389,9 @@ class PrefixEncodeCache:
         if first >= len(ids) or starts[first] != begin:  # not a token start after all
             return
         chunk = text[begin:end]
-        chunk_ids = PrefixIds(ids[first:last])
-        entry = _Entry(chunk, chunk_ids, starts[first:last] - begin)
-        chunk_ids.keys, chunk_ids.source_keys, chunk_ids.reused = entry.keys, None, 0
-        probe = (False, chunk[:_PROBE])
-        self._store(probe, entry, _extended(*self._nearest(probe, chunk)), on_probation=True)
-        self._publish(chunk, chunk_ids, entry.starts)
+        chunk_starts = starts[first:last] - begin
+        chunk_ids = self._keep(chunk, ids[first:last], chunk_starts, on_probation=True)
+        self._publish(chunk, chunk_ids, chunk_starts)
 
     def _siblings_chunks(
         self, text: str, bounds: list[tuple[int, int]], known: list[bool]
@@ -409,14 +407,17 @@ class PrefixEncodeCache:
                     found[begin] = encoded
         return found
 
-    def _adopt(self, chunk: str, ids: list[int], starts: Starts) -> tuple[list[int], Starts]:
-        """Keep a chunk a sibling worker encoded, as a chunk found again (off probation)."""
+    def _keep(self, chunk: str, ids: list[int], starts: Starts, *, on_probation: bool) -> PrefixIds:
+        """Keep a chunk encoded elsewhere (sliced from a whole text's encoding, or by a
+        sibling worker) as an entry of its own; its ids, as the entry holds them."""
         chunk_ids = PrefixIds(ids)
         entry = _Entry(chunk, chunk_ids, starts)
         chunk_ids.keys, chunk_ids.source_keys, chunk_ids.reused = entry.keys, None, 0
         probe = (False, chunk[:_PROBE])
-        self._store(probe, entry, _extended(*self._nearest(probe, chunk)))
-        return chunk_ids, starts
+        self._store(
+            probe, entry, _extended(*self._nearest(probe, chunk)), on_probation=on_probation
+        )
+        return chunk_ids
 
     def _publish(self, chunk: str, ids: list[int], starts: Starts) -> None:
         """Offer a chunk this worker encoded to its siblings."""
