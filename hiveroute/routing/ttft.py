@@ -102,7 +102,7 @@ class _Fit:
 
 
 _MIN_NOISE_VARIANCE = 1e-6  # relative: TTFTs are not measured to better than 0.1 %
-_MIN_TTFT_S = 1e-3  # a TTFT's size in a fit's relative weights is at least a millisecond
+_MIN_TTFT_S = 1e-3  # no TTFT is expected below a millisecond (a fit's relative weights)
 _PER_REQUEST: Vector = (0.0, 1.0, 0.0)  # the features of one more request queued
 _PER_KTOKEN: Vector = (0.0, 0.0, 1.0)  # the features of a thousand more tokens to prefill
 
@@ -344,15 +344,13 @@ class TtftPredictor:
             model.theta = self._pooled(None, x)  # start from what the fleet taught
         p, theta = model.p, model.theta
         # least squares of relative errors: a TTFT's noise grows with its size, so each is
-        # weighed by 1 / its measured size², and the noise is one relative variance. (Weighed
-        # by the fit's own prediction instead, a fit that one slow TTFT made predict slowly
-        # discounts the fast ones that contradict it.)
-        size = max(ttft_s, _MIN_TTFT_S)
-        z = (x[0] / size, x[1] / size, x[2] / size)
+        # weighed by 1 / its predicted size², and the noise is one relative variance
+        expected = max(x[0] * theta[0] + x[1] * theta[1] + x[2] * theta[2], _MIN_TTFT_S)
+        z = (x[0] / expected, x[1] / expected, x[2] / expected)
         pz = [p[i][0] * z[0] + p[i][1] * z[1] + p[i][2] * z[2] for i in range(3)]
         denominator = lam + z[0] * pz[0] + z[1] * pz[1] + z[2] * pz[2]
         gain = [v / denominator for v in pz]
-        residual = (ttft_s - (x[0] * theta[0] + x[1] * theta[1] + x[2] * theta[2])) / size
+        residual = ttft_s / expected - 1.0
         if model.observations:  # a fit's first residual is the fleet's, not its noise
             self._squared_residual = lam * self._squared_residual + residual**2 * lam / denominator
             self._residual_weight = lam * self._residual_weight + 1.0

@@ -516,21 +516,6 @@ def test_an_engine_that_really_differs_is_predicted_as_itself() -> None:
     assert predictor.prefill_cost("b") > 1.7 * predictor.prefill_cost("a")
 
 
-def test_one_slow_ttft_does_not_outweigh_the_fast_ones_that_follow() -> None:
-    """A planner's TTFT that waited for its context's prefill elsewhere (0.87 s for 263 new
-    tokens), then executors' 20-40 ms. Fitted on relative errors weighed by the fit's own
-    prediction, the slow one made the fit predict slowly, which discounted the fast ones: a
-    33k-token prefill came out at 90 s, and engines priced from that fit got no workflow."""
-    predictor = TtftPredictor()
-    predictor.observe("a", queue_depth=0, uncached_tokens=263, ttft_s=0.866)
-    for i in range(10):
-        predictor.observe(
-            "a", queue_depth=i % 2, uncached_tokens=150 + 20 * i, ttft_s=_noisy(i, 0.03)
-        )
-    assert predictor.predict("a", queue_depth=0, uncached_tokens=250) < 0.06
-    assert predictor.predict("a", queue_depth=0, uncached_tokens=33_000) < 2.0
-
-
 @pytest.mark.parametrize("first", ["cold start", "slow for a while"])
 def test_an_engine_the_router_stopped_using_drifts_back_to_the_fleets_prediction(
     first: str,
