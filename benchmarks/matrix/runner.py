@@ -128,7 +128,9 @@ def run_one(
 
 
 def git_commit() -> str | None:
-    """The commit the run measured (with "+dirty" if the work tree had changes)."""
+    """The commit the run measured (with "+dirty" if the work tree had changes); a copy made by
+    `git archive` has none: HIVEROUTE_BENCH_COMMIT (`benchmarks.matrix.ab` sets it)."""
+    import os
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
@@ -155,5 +157,5 @@ def git_commit() -> str | None:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return None
+        return os.environ.get("HIVEROUTE_BENCH_COMMIT")
     return head + ("+dirty" if dirty else "")

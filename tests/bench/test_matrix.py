@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.matrix import grid, verdict
+from benchmarks.matrix import ab, grid, verdict
 from benchmarks.matrix.report import build
 from benchmarks.matrix.runner import figures_of, harness_argv, plan
 from benchmarks.matrix.store import CellStore, pending
@@ -418,3 +418,9 @@ def test_compare_judges_one_router_across_two_result_sets_by_the_tie_rule() -> N
         "hit_rate": "tied",
         "ttft_mean": "worse",
     }
+
+
+def test_ab_runs_every_cell_and_seed_once_each_side_going_first_by_turns() -> None:
+    order = ab.turns(["a", "b"], [0, 1])
+    assert [(c, s) for c, s, _ in order] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+    assert [first for _, _, first in order] == [True, False, True, False]
