@@ -8,7 +8,10 @@
 Per cell and metric, each side's figure is the median of its seeds and its spread their range;
 the sides tie when their medians are within the larger spread (`verdict.classify`), else the
 better one wins. A side with one seed has no spread of its own, so the other side's spread
-decides; figures that print alike (within half the report's last digit) tie. Cells present on both sides only. Writes benchmarks/results/NAME.md.
+decides; figures that print alike (within half the report's last digit) tie. Cells present on
+both sides only. A second table pairs the runs by seed (one workload on both sides): a cell's
+range from seed to seed can hide a change that is worse in most of its seeds. Writes
+benchmarks/results/NAME.md.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from benchmarks.matrix.store import CellStore
@@ -47,6 +51,43 @@ def compare_cell(
         verdict = classify(wide, METRICS[metric])["b"]
         out[metric] = (fa, fb, {"won": "better", "tied": "tied", "lost": "worse"}[verdict])
     return out
+
+
+def paired(
+    a: Mapping[str, Any], b: Mapping[str, Any], router: str, metric: str
+) -> list[tuple[int, float, float]]:
+    """(seed, a's value, b's value) for every seed both sides ran ok: a seed is the same
+    workload on both sides, so its difference is the change's, not the workload's."""
+
+    def by_seed(cell: Mapping[str, Any]) -> dict[int, float]:
+        return {
+            r["seed"]: r[metric]
+            for r in cell.get("runs", {}).values()
+            if r.get("router") == router and r.get("status") == "ok" and r.get(metric) is not None
+        }
+
+    sa, sb = by_seed(a), by_seed(b)
+    return [(seed, sa[seed], sb[seed]) for seed in sorted(sa.keys() & sb.keys())]
+
+
+def paired_row(name: str, a: Mapping[str, Any], b: Mapping[str, Any], router: str) -> str | None:
+    """One cell's paired verdicts: per metric, in how many seeds b did better, and the median
+    of b's value over a's."""
+    cells = []
+    seeds = 0
+    for metric in COMPARED:
+        pairs = paired(a, b, router, metric)
+        if not pairs:
+            cells.append("–")
+            continue
+        seeds = max(seeds, len(pairs))
+        higher = METRICS[metric]
+        better = sum((vb > va) if higher else (vb < va) for _, va, vb in pairs)
+        ratio = median(vb / va for _, va, vb in pairs if va)
+        cells.append(f"{better} of {len(pairs)}, ×{ratio:.3f}")
+    if not seeds:
+        return None
+    return f"| {name} | " + " | ".join(cells) + " |"
 
 
 def _fmt(metric: str, fig: Figure) -> str:
@@ -97,6 +138,16 @@ def report(args: argparse.Namespace) -> str:
         "| cell | seeds | " + " | ".join(COMPARED) + " |",
         "|---|---|" + "---|" * len(COMPARED),
         *rows,
+    ]
+    pairs = [paired_row(n, a_store.load(n), b_store.load(n), args.router) for n in names]
+    lines += [
+        "",
+        f"Paired by seed (a seed is one workload on both sides): in how many seeds {args.b_label} "
+        f"did better than {args.a_label}, and the median of its figure over theirs.",
+        "",
+        "| cell | " + " | ".join(COMPARED) + " |",
+        "|---|" + "---|" * len(COMPARED),
+        *(p for p in pairs if p is not None),
     ]
     return "\n".join(lines)
 

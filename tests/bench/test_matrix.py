@@ -420,6 +420,21 @@ def test_compare_judges_one_router_across_two_result_sets_by_the_tie_rule() -> N
     }
 
 
+def test_compare_pairs_runs_by_seed_where_the_seeds_range_hides_a_loss() -> None:
+    from benchmarks.matrix.compare import compare_cell, paired, paired_row
+
+    r = "hiveroute:workflow"
+    # seeds are workloads of very different load: b is 10 % slower in every one of them
+    base = {0: 0.100, 1: 0.200, 2: 0.150}
+    a = cell("x", [(r, s, {"ttft_mean": t}) for s, t in base.items()])
+    b = cell("x", [(r, s, {"ttft_mean": t * 1.1}) for s, t in base.items() if s != 1]
+             + [(r, 1, {"status": "failed", "ttft_mean": 0.01})])  # fmt: skip
+    assert compare_cell(a, b, r)["ttft_mean"][2] == "tied"  # within the seeds' range
+    assert [s for s, _, _ in paired(a, b, r, "ttft_mean")] == [0, 2]  # failed runs left out
+    row = paired_row("x", a, b, r)
+    assert row is not None and "0 of 2, ×1.100" in row
+
+
 def test_ab_runs_every_cell_and_seed_once_each_side_going_first_by_turns() -> None:
     order = ab.turns(["a", "b"], [0, 1])
     assert [(c, s) for c, s, _ in order] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
