@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -68,8 +69,7 @@ def export(ref: str, label: str, out: Path) -> Side:
         check=True,
     ).stdout.strip()
     side = Side(label, commit, out / label)
-    if side.tree.exists():
-        subprocess.run(["rm", "-rf", str(side.tree)], check=True)
+    shutil.rmtree(side.tree, ignore_errors=True)
     side.tree.mkdir(parents=True)
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=True
@@ -128,11 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("/tmp/hiveroute-ab"))
     parser.add_argument("--name", default="matrix_ab", help="report: benchmarks/results/NAME.md")
     args = parser.parse_args(argv)
-    cells = [c.name for c in select(all_cells(), args.cells)]
-    if not cells:
-        parser.error(f"no cell matches {args.cells}")
-    base = export(args.base, "base", args.out)
-    candidate = export(args.candidate, "candidate", args.out)
+    try:
+        cells = [c.name for c in select(all_cells(), args.cells)]
+    except ValueError as exc:  # a name that is no cell: say which
+        parser.error(str(exc))
+    try:
+        base = export(args.base, "base", args.out)
+        candidate = export(args.candidate, "candidate", args.out)
+    except subprocess.CalledProcessError as exc:
+        parser.error(f"cannot export {exc.cmd[-1]} with git archive: is it a commit here?")
     routers = [args.router] + ([args.router + "+refs"] if args.refs else [])
     failed = 0
     for cell, seed, base_first in turns(cells, args.seeds):
