@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.matrix.grid import ENGINES, all_cells, select
+from benchmarks.matrix.grid import ENGINES, all_cells, comma_ints, comma_list, select
 from benchmarks.matrix.report import build
 from benchmarks.matrix.runner import ROUTERS, plan, run_one
 from benchmarks.matrix.store import CellStore, pending
@@ -28,29 +28,25 @@ from hiveroute.config import LOG_LEVELS
 CELL_DIR = REPORTS / "matrix"
 
 
-def _list(text: str) -> list[str]:
-    return [p.strip() for p in text.split(",") if p.strip()]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.matrix", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "--cells",
-        type=_list,
+        type=comma_list,
         default=None,
         help="comma-separated cell names (NAME* for a prefix); default all",
     )
     parser.add_argument(
         "--routers",
-        type=_list,
+        type=comma_list,
         default=list(ROUTERS),
         help=f"comma-separated; default {','.join(ROUTERS)}",
     )
     parser.add_argument(
         "--seeds",
-        type=lambda t: [int(s) for s in _list(t)],
+        type=comma_ints,
         default=[0, 1, 2],
         help="comma-separated (default 0,1,2)",
     )

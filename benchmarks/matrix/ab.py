@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.matrix.compare import report
-from benchmarks.matrix.grid import all_cells, select
+from benchmarks.matrix.grid import all_cells, comma_ints, comma_list, select
 from benchmarks.matrix.store import CellStore
 from benchmarks.report import ROOT, publish
 from hiveroute.bench.workloads.trace import full_trace_path
@@ -109,18 +109,14 @@ def run_matrix(side: Side, cell: str, router: str, seed: int, refs: bool) -> int
     return subprocess.run(argv, cwd=side.tree, env=env).returncode
 
 
-def _list(text: str) -> list[str]:
-    return [p.strip() for p in text.split(",") if p.strip()]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.matrix.ab", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--base", default="main", help="the reference commit (default main)")
     parser.add_argument("--candidate", default="HEAD", help="the changed commit (default HEAD)")
-    parser.add_argument("--cells", type=_list, required=True, help="comma-separated (NAME*)")
-    parser.add_argument("--seeds", type=lambda t: [int(s) for s in _list(t)], default=[0, 1, 2])
+    parser.add_argument("--cells", type=comma_list, required=True, help="comma-separated (NAME*)")
+    parser.add_argument("--seeds", type=comma_ints, default=[0, 1, 2])
     parser.add_argument("--router", default="hiveroute:workflow")
     parser.add_argument(
         "--refs", action="store_true", help="also run +refs in role-first cells (each side)"
@@ -146,13 +142,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{cell} seed {seed}: {side.label} ({side.commit})", flush=True)
             failed += run_matrix(side, cell, args.router, seed, args.refs) != 0
     body = report(
-        argparse.Namespace(
-            router=args.router,
-            a=str(base.results),
-            b=str(candidate.results),
-            a_label=f"{args.base} ({base.commit})",
-            b_label=f"{args.candidate} ({candidate.commit})",
-        )
+        args.router,
+        base.results,
+        candidate.results,
+        f"{args.base} ({base.commit})",
+        f"{args.candidate} ({candidate.commit})",
     )
     publish(args.name, f"{args.base} against {args.candidate}, run by turns", body)
     return 1 if failed else 0

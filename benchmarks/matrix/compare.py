@@ -99,14 +99,19 @@ def _fmt(metric: str, fig: Figure) -> str:
     )
 
 
-def report(args: argparse.Namespace) -> str:
-    a_store, b_store = CellStore(Path(args.a)), CellStore(Path(args.b))
-    names = sorted(p.stem for p in Path(args.b).glob("*.json") if a_store.path(p.stem).exists())
+def report(router: str, a: Path, b: Path, a_label: str = "a", b_label: str = "b") -> str:
+    """The comparison of `router`'s runs in result directories `a` and `b`, as markdown."""
+    a_store, b_store = CellStore(a), CellStore(b)
+    names = sorted(p.stem for p in b.glob("*.json") if a_store.path(p.stem).exists())
     tallies = {m: {"better": 0, "tied": 0, "worse": 0} for m in COMPARED}
     rows = []
+    pairs = []
     for name in names:
         a_cell, b_cell = a_store.load(name), b_store.load(name)
-        compared = compare_cell(a_cell, b_cell, args.router)
+        pair = paired_row(name, a_cell, b_cell, router)
+        if pair is not None:
+            pairs.append(pair)
+        compared = compare_cell(a_cell, b_cell, router)
         if not compared:
             continue
         cells = []
@@ -122,7 +127,7 @@ def report(args: argparse.Namespace) -> str:
         seeds = f"{fa.seeds}/{fb.seeds}"
         rows.append(f"| {name} | {seeds} | " + " | ".join(cells) + " |")
     lines = [
-        f"`{args.router}`: {args.a_label} (`{args.a}`) → {args.b_label} (`{args.b}`); "
+        f"`{router}`: {a_label} (`{a}`) → {b_label} (`{b}`); "
         "medians of seeds ± half their range; **better** / **worse**: outside the larger "
         "spread (the matrix's tie rule), else tied. TTFT in ms, workflow time in s.",
         "",
@@ -138,16 +143,13 @@ def report(args: argparse.Namespace) -> str:
         "| cell | seeds | " + " | ".join(COMPARED) + " |",
         "|---|---|" + "---|" * len(COMPARED),
         *rows,
-    ]
-    pairs = [paired_row(n, a_store.load(n), b_store.load(n), args.router) for n in names]
-    lines += [
         "",
-        f"Paired by seed (a seed is one workload on both sides): in how many seeds {args.b_label} "
-        f"did better than {args.a_label}, and the median of its figure over theirs.",
+        f"Paired by seed (a seed is one workload on both sides): in how many seeds {b_label} "
+        f"did better than {a_label}, and the median of its figure over theirs.",
         "",
         "| cell | " + " | ".join(COMPARED) + " |",
         "|---|" + "---|" * len(COMPARED),
-        *(p for p in pairs if p is not None),
+        *pairs,
     ]
     return "\n".join(lines)
 
@@ -164,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="matrix_compare")
     parser.add_argument("--title", default="One router in two matrix result sets")
     args = parser.parse_args(argv)
-    publish(args.name, args.title, report(args))
+    publish(
+        args.name,
+        args.title,
+        report(args.router, Path(args.a), Path(args.b), args.a_label, args.b_label),
+    )
     return 0
 
 
