@@ -228,7 +228,14 @@ class TtftPredictor:
         gain = [v / denominator for v in px]
         residual = ttft_s - (x[0] * theta[0] + x[1] * theta[1] + x[2] * theta[2])
         updated = [theta[i] + gain[i] * residual for i in range(3)]
-        p = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(3)] for i in range(3)]
+        # P - P x x' P / denominator, computed once per pair and mirrored: in floating point
+        # the two halves drift apart, and divided by lam at every step the drift grows until P
+        # is no longer positive definite and the fit diverges (seen after ~7,000 TTFTs that
+        # the features explain poorly)
+        p = [[0.0] * 3 for _ in range(3)]
+        for i in range(3):
+            for j in range(i, 3):
+                p[i][j] = p[j][i] = (model.p[i][j] - gain[i] * px[j]) / lam
         # forgetting inflates P along directions the data never excites (a queue always
         # empty): cap it so one odd observation cannot swing the model
         cap = self._p0_trace * 10.0

@@ -1,5 +1,6 @@
 """The `kv` and `prefix` policies, the load guard and the TTFT predictor."""
 
+import random
 from typing import Any
 
 import pytest
@@ -507,6 +508,21 @@ def test_an_engine_the_router_stopped_using_drifts_back_to_the_fleets_prediction
         predictor.observe("a", queue_depth=0, uncached_tokens=5000, ttft_s=0.11)
         predictor.observe("a", queue_depth=0, uncached_tokens=1000, ttft_s=0.03)
     assert predictor.prefill_cost("b") < 1.2 * predictor.prefill_cost("a") < stale
+
+
+def test_a_fit_stays_bounded_over_many_ttfts_its_features_explain_poorly() -> None:
+    """A router runs for days. TTFTs that the features hardly explain (here: random) once made
+    the fit's covariance lose its symmetry bit by bit until it diverged, after about 7,000 of
+    them, to predictions of 1.5 million seconds."""
+    rng = random.Random(0)
+    predictor = TtftPredictor()
+    for i in range(12_000):
+        engine = "abcd"[i % 4]
+        queue, tokens = rng.randint(0, 5), rng.randint(100, 5000)
+        predicted = predictor.predict(engine, queue_depth=queue, uncached_tokens=tokens)
+        assert 0.0 <= predicted < 1.0, (i, predicted)
+        ttft = 0.05 + rng.random() * 0.1
+        predictor.observe(engine, queue_depth=queue, uncached_tokens=tokens, ttft_s=ttft)
 
 
 def test_the_prediction_error_is_what_the_measured_ttfts_missed_by_relative_to_them() -> None:
