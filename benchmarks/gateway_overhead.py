@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks.agentic_bodies import agentic_bodies
+from benchmarks.cli import comma_list
 from benchmarks.instant_engine import (
     peer_command,
     pin,
@@ -261,14 +262,16 @@ def main() -> int:
     parser.add_argument("--n64", type=int, default=10000, help="requests at 64 clients")
     parser.add_argument("--n512", type=int, default=20000, help="requests at 512 clients")
     parser.add_argument("--quick", action="store_true", help="a tenth of the requests")
-    parser.add_argument("--bodies", default="tiny,agentic", help="comma list: tiny, agentic")
-    parser.add_argument("--peers", default="", help="comma list of peer routers: sglang, smg")
+    parser.add_argument(
+        "--bodies", type=comma_list, default="tiny,agentic", help="comma list: tiny, agentic"
+    )
+    parser.add_argument(
+        "--peers", type=comma_list, default="", help="comma list of peer routers: sglang, smg"
+    )
     parser.add_argument("--log-dir", default="/tmp/hiveroute-gateway-bench")
     args = parser.parse_args()
     if args.quick:
         args.n1, args.n64, args.n512 = args.n1 // 10, args.n64 // 10, args.n512 // 10
-    args.peers = [p for p in args.peers.split(",") if p]
-    args.bodies = [b for b in args.bodies.split(",") if b]
     runtime.use_fastest_event_loop()
     return asyncio.run(main_async(args))
 

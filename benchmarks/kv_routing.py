@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cli import comma_list
 from benchmarks.report import write_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,7 +101,10 @@ def main() -> None:
     parser.add_argument("--peers", action="store_true", help="also SGLang's and vLLM's routers")
     parser.add_argument("--no-ideal", action="store_true")
     parser.add_argument(
-        "--policies", default=",".join(POLICIES), help="comma-separated hiveroute policies"
+        "--policies",
+        type=comma_list,
+        default=",".join(POLICIES),
+        help="comma-separated hiveroute policies",
     )
     parser.add_argument(
         "--in-process", action="store_true", help="hiveroute in the harness's process (profiling)"
@@ -111,9 +115,8 @@ def main() -> None:
     args = parser.parse_args()
     args.workload = args.workload or ["trace", "multiturn"]
 
-    policies = [p for p in args.policies.split(",") if p]
     kind = "hiveroute-inproc" if args.in_process else "hiveroute"
-    targets = [f"{kind}:{p}" for p in policies] + (list(PEERS) if args.peers else [])
+    targets = [f"{kind}:{p}" for p in args.policies] + (list(PEERS) if args.peers else [])
     cells = _run(_harness_argv(args, targets, args.engines, args.blocks))
     if not args.no_ideal:
         # one engine with the fleet's KV cache and its compute too (it runs N x faster), so

@@ -53,6 +53,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks.agentic_bodies import AGENTS, WORKFLOWS, agentic_bodies
+from benchmarks.cli import comma_ints, comma_list
 from benchmarks.instant_engine import (
     cpu_seconds,
     peer_command,
@@ -404,13 +405,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", default="1000,4000,16000", help="body sizes in words")
-    parser.add_argument("--targets", default=",".join(TARGETS), help="on instant engines")
-    parser.add_argument("--sim-targets", default="hiveroute:kv,hiveroute:workflow,smg",
+    parser.add_argument(
+        "--sizes", type=comma_ints, default="1000,4000,16000", help="body sizes in words"
+    )
+    parser.add_argument(
+        "--targets", type=comma_list, default=",".join(TARGETS), help="on instant engines"
+    )
+    parser.add_argument("--sim-targets", type=comma_list, default="hiveroute:kv,hiveroute:workflow,smg",
                         help="on simulated engines with KV events ('' for none)")  # fmt: skip
     parser.add_argument("--baseline", default="", metavar="DIR",
                         help="also run hiveroute from this checkout (targets base:POLICY; at every worker count if it has serve --workers)")  # fmt: skip
-    parser.add_argument("--workers", default="1,2", help="worker counts (instant engines)")
+    parser.add_argument(
+        "--workers", type=comma_ints, default="1,2", help="worker counts (instant engines)"
+    )
     parser.add_argument("--clients", type=int, default=32, help="closed-loop clients")
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per cell")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (medians reported)")
@@ -419,10 +426,6 @@ def main() -> int:
     parser.add_argument("--name", default="router_cpu", help="report name under benchmarks/results")
     parser.add_argument("--log-dir", default="/tmp/hiveroute-router-cpu")
     args = parser.parse_args()
-    args.sizes = [int(s) for s in args.sizes.split(",") if s]
-    args.targets = [t for t in args.targets.split(",") if t]
-    args.sim_targets = [t for t in args.sim_targets.split(",") if t]
-    args.workers = [int(w) for w in args.workers.split(",") if w]
     if args.baseline:
         for policy in ("round_robin", "kv", "workflow"):
             name = f"base:{policy}"

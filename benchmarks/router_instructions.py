@@ -39,6 +39,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks.agentic_bodies import agentic_bodies
+from benchmarks.cli import comma_list
 from benchmarks.instant_engine import peer_command, pin, start, stop_all, wait_http
 from benchmarks.report import publish
 from benchmarks.router_cpu import start_engines
@@ -148,7 +149,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     results = []
     try:
         for rep in range(args.reps):
-            for target in args.targets.split(","):
+            for target in args.targets:
                 row = await measure(target, engines, args, logs)
                 row["rep"] = rep
                 results.append(row)
@@ -171,7 +172,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     if args.base:
         lines.append(f"- `base:POLICY`: hiveroute from {args.base}")
     lines += ["", "| target | M instructions / request | reps |", "|---|---:|---|"]
-    for target in args.targets.split(","):
+    for target in args.targets:
         values = [r["instructions_per_request"] / 1e6 for r in results if r["target"] == target]
         reps = ", ".join(f"{v:.3f}" for v in values)
         lines.append(f"| {target} | {statistics.median(values):.3f} | {reps} |")
@@ -182,7 +183,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--targets", default="hiveroute:round_robin,hiveroute:workflow")
+    parser.add_argument(
+        "--targets", type=comma_list, default="hiveroute:round_robin,hiveroute:workflow"
+    )
     parser.add_argument("--base", help="another checkout, for base:POLICY targets")
     parser.add_argument("--words", type=int, default=4000)
     parser.add_argument("--requests", type=int, default=1000)
@@ -191,7 +194,7 @@ def main() -> int:
     parser.add_argument("--name", default="router_instructions")
     parser.add_argument("--log-dir", default="/tmp/hiveroute-router-instructions")
     args = parser.parse_args()
-    if any(t.startswith("base:") for t in args.targets.split(",")) and not args.base:
+    if any(t.startswith("base:") for t in args.targets) and not args.base:
         parser.error("base:POLICY targets need --base DIR")
     runtime.use_fastest_event_loop()
     results = asyncio.run(run(args))

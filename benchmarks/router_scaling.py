@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.agentic_bodies import agentic_bodies
+from benchmarks.cli import comma_ints, comma_list
 from benchmarks.instant_engine import pin, stop_all, wait_http
 from benchmarks.report import publish
 from benchmarks.router_cpu import TARGETS, Running, Target, start_target
@@ -205,9 +206,9 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             for url in engines:
                 await wait_http(f"{url}/health")
             for rep in range(args.reps):
-                for name in args.targets.split(","):
+                for name in args.targets:
                     target = TARGETS[name]
-                    for workers in args.worker_counts:
+                    for workers in args.workers:
                         row = await measure(target, workers, engines, script, args, logs)
                         row["rep"] = rep
                         rows.append(row)
@@ -255,15 +256,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--targets", default="hiveroute:round_robin,hiveroute:workflow,smg")
-    parser.add_argument("--workers", default="1,2", help="worker counts for hiveroute")
+    parser.add_argument(
+        "--targets", type=comma_list, default="hiveroute:round_robin,hiveroute:workflow,smg"
+    )
+    parser.add_argument(
+        "--workers", type=comma_ints, default="1,2", help="worker counts for hiveroute"
+    )
     parser.add_argument("--words", type=int, default=4000)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--name", default="router_scaling")
     parser.add_argument("--log-dir", default="/tmp/hiveroute-router-scaling")
     args = parser.parse_args()
-    args.worker_counts = [int(w) for w in args.workers.split(",")]
     need("wrk")
     need("nginx")
     runtime.use_fastest_event_loop()

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
 
+from benchmarks.cli import comma_floats
 from benchmarks.report import write_report
 from hiveroute.bench.workloads.trace import TraceConfig, TraceWorkload, full_trace_path
 from hiveroute.kvindex.tokenizer import BuiltinTokenizer
@@ -167,7 +168,10 @@ def main() -> None:
     parser.add_argument("--max-output", type=int, default=32)
     parser.add_argument("--same-share", type=float, default=0.1)
     parser.add_argument(
-        "--uneven", default="0.8,0.93,1.07,1.2", help="new-context shares for the uneven rule"
+        "--uneven",
+        type=comma_floats,
+        default="0.8,0.93,1.07,1.2",
+        help="new-context shares for the uneven rule",
     )
     parser.add_argument("--jitter", type=float, default=0.05)
     parser.add_argument("--seeds", type=int, default=5, help="runs of the jittered rule")
@@ -180,7 +184,7 @@ def main() -> None:
     )
     parser.add_argument("--no-write", dest="write", action="store_false", help="only print")
     args = parser.parse_args()
-    uneven = [float(x) for x in args.uneven.split(",")]
+    uneven = args.uneven
     if len(uneven) != args.engines:
         parser.error(f"--uneven needs {args.engines} shares")
 

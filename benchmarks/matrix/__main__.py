@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.matrix.grid import ENGINES, all_cells, comma_ints, comma_list, select
+from benchmarks.cli import comma_ints, comma_list
+from benchmarks.matrix.grid import ENGINES, all_cells, select
 from benchmarks.matrix.report import build
 from benchmarks.matrix.runner import ROUTERS, plan, run_one
 from benchmarks.matrix.store import CellStore, pending

@@ -28,8 +28,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.cli import comma_ints, comma_list
 from benchmarks.matrix.compare import report
-from benchmarks.matrix.grid import all_cells, comma_ints, comma_list, select
+from benchmarks.matrix.grid import all_cells, select
 from benchmarks.matrix.store import CellStore
 from benchmarks.report import ROOT, publish
 from hiveroute.bench.workloads.trace import full_trace_path

@@ -291,16 +291,6 @@ def _g(value: float) -> str:
     return f"{value:.6g}"
 
 
-def comma_list(text: str) -> list[str]:
-    """A command line's comma-separated names (cells, routers), blanks dropped."""
-    return [p.strip() for p in text.split(",") if p.strip()]
-
-
-def comma_ints(text: str) -> list[int]:
-    """A command line's comma-separated seeds."""
-    return [int(s) for s in comma_list(text)]
-
-
 def select(cells: list[Cell], names: list[str] | None) -> list[Cell]:
     """The named cells (a name may end in * to match a prefix), in matrix order."""
     if not names:
