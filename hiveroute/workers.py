@@ -85,12 +85,24 @@ class WorkerSpec:
     count: int
     run_dir: str
     state_path: str | None  # the parent's state socket; None: `state` is Redis
-    board_path: str | None = None  # the workers' load board (engines/load_board.py)
-    chunks_path: str | None = None  # their tokenized chunks (kvindex/shared_chunks.py)
     parent_pid: int = field(default_factory=os.getpid)  # made in the parent: its pid
 
     def metrics_socket(self, index: int) -> str:
         return os.path.join(self.run_dir, f"worker-{index}.sock")
+
+    @property
+    def board_path(self) -> str:
+        """The workers' load board (engines/load_board.py)."""
+        return board_path(self.run_dir)
+
+    @property
+    def chunks_path(self) -> str:
+        """The workers' tokenized chunks (kvindex/shared_chunks.py)."""
+        return chunks_path(self.run_dir)
+
+
+def chunks_path(run_dir: str) -> str:
+    return os.path.join(run_dir, "chunks")
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -124,7 +136,6 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
     # in memory when it can be: the load board and the shared chunks are never written to disk
     run_dir, alive = make_run_dir(runtime.memory_dir() or tempfile.gettempdir())
     board = board_path(run_dir)  # removed with the run dir
-    chunks = os.path.join(run_dir, "chunks")
     reserved = reserve_port(config.host, config.port)
     state: StateServer | None = None
     processes: list[multiprocessing.process.BaseProcess] = []
@@ -137,9 +148,7 @@ async def serve_workers(config: RouterConfig, count: int) -> None:
             await state.start()
         context = multiprocessing.get_context("spawn")
         for index in range(count):
-            spec = WorkerSpec(
-                config, index, count, run_dir, state.path if state else None, board, chunks
-            )
+            spec = WorkerSpec(config, index, count, run_dir, state.path if state else None)
             ours, theirs = context.Pipe(duplex=True)
             process = context.Process(
                 target=worker_main, args=(spec, theirs), name=f"hiveroute-worker-{index}"
@@ -305,12 +314,8 @@ def worker_main(spec: WorkerSpec, parent: Connection) -> None:
 
 async def _worker(spec: WorkerSpec, parent: Connection, *, watch_parent: bool) -> None:
     store = SharedStateClient(spec.state_path) if spec.state_path else None
-    board = LoadBoard(spec.board_path, spec.index) if spec.board_path else None
-    chunks = (
-        SharedChunkStore(spec.chunks_path, max_tokens=SHARED_CHUNK_TOKENS // spec.count)
-        if spec.chunks_path
-        else None
-    )
+    board = LoadBoard(spec.board_path, spec.index)
+    chunks = SharedChunkStore(spec.chunks_path, max_tokens=SHARED_CHUNK_TOKENS // spec.count)
     router = assemble(spec.config, store=store, board=board, shared_chunks=chunks)
     siblings = Siblings(spec)
 
