@@ -102,6 +102,7 @@ class WorkerSpec:
 
 
 def chunks_path(run_dir: str) -> str:
+    """Where a run dir's shared chunks live (a directory, kvindex/shared_chunks.py)."""
     return os.path.join(run_dir, "chunks")
 
 
