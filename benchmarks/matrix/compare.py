@@ -83,8 +83,9 @@ def paired_row(name: str, a: Mapping[str, Any], b: Mapping[str, Any], router: st
         seeds = max(seeds, len(pairs))
         higher = METRICS[metric]
         better = sum((vb > va) if higher else (vb < va) for _, va, vb in pairs)
-        ratio = median(vb / va for _, va, vb in pairs if va)
-        cells.append(f"{better} of {len(pairs)}, ×{ratio:.3f}")
+        ratios = [vb / va for _, va, vb in pairs if va]  # a hit rate of 0 has no ratio
+        ratio = f", ×{median(ratios):.3f}" if ratios else ""
+        cells.append(f"{better} of {len(pairs)}{ratio}")
     if not seeds:
         return None
     return f"| {name} | " + " | ".join(cells) + " |"

@@ -433,6 +433,11 @@ def test_compare_pairs_runs_by_seed_where_the_seeds_range_hides_a_loss() -> None
     assert [s for s, _, _ in paired(a, b, r, "ttft_mean")] == [0, 2]  # failed runs left out
     row = paired_row("x", a, b, r)
     assert row is not None and "0 of 2, ×1.100" in row
+    # a reference figure of 0 (no prompt token cached) counts in the tally, not in the ratio
+    zero = cell("x", [(r, 0, {"hit_rate": 0.0}), (r, 1, {"hit_rate": 0.0})])
+    some = cell("x", [(r, 0, {"hit_rate": 0.1}), (r, 1, {"hit_rate": 0.0})])
+    row = paired_row("x", zero, some, r)
+    assert row is not None and "| 1 of 2 |" in row
 
 
 def test_ab_runs_every_cell_and_seed_once_each_side_going_first_by_turns() -> None:
