@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 REPORTS = Path(__file__).resolve().parent / "results"
+# the commit a `git archive` copy was made from (it has no .git to ask); benchmarks.matrix.ab sets it
+COMMIT_ENV = "HIVEROUTE_BENCH_COMMIT"
 ROOT = REPORTS.parent.parent
 
 
@@ -23,7 +25,7 @@ def commit(root: Path = ROOT) -> str:
         ).stdout.strip()
     except OSError:
         found = ""
-    return found or os.environ.get("HIVEROUTE_BENCH_COMMIT", "?")
+    return found or os.environ.get(COMMIT_ENV, "?")
 
 
 def machine() -> str:

@@ -32,7 +32,7 @@ from benchmarks.cli import comma_ints, comma_list
 from benchmarks.matrix.compare import report
 from benchmarks.matrix.grid import all_cells, select
 from benchmarks.matrix.store import CellStore
-from benchmarks.report import ROOT, publish
+from benchmarks.report import COMMIT_ENV, ROOT, publish
 from hiveroute.bench.workloads.trace import full_trace_path
 
 
@@ -104,7 +104,7 @@ def run_matrix(side: Side, cell: str, router: str, seed: int, refs: bool) -> int
     env = {
         **os.environ,
         "PYTHONPATH": str(side.tree),
-        "HIVEROUTE_BENCH_COMMIT": side.commit,
+        COMMIT_ENV: side.commit,
         "HIVEROUTE_TRACE": str(full_trace_path()),
     }
     return subprocess.run(argv, cwd=side.tree, env=env).returncode

@@ -11,6 +11,7 @@ from typing import Any
 
 from benchmarks.matrix.grid import Cell, fleet_args, workload_args
 from benchmarks.matrix.verdict import IDEAL
+from benchmarks.report import COMMIT_ENV
 
 ROUTERS = (
     "hiveroute:workflow",
@@ -129,7 +130,7 @@ def run_one(
 
 def git_commit() -> str | None:
     """The commit the run measured (with "+dirty" if the work tree had changes); a copy made by
-    `git archive` has none: HIVEROUTE_BENCH_COMMIT (`benchmarks.matrix.ab` sets it)."""
+    `git archive` has none: `benchmarks.report.COMMIT_ENV` (`benchmarks.matrix.ab` sets it)."""
     import os
     import subprocess
 
@@ -157,5 +158,5 @@ def git_commit() -> str | None:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("HIVEROUTE_BENCH_COMMIT")
+        return os.environ.get(COMMIT_ENV)
     return head + ("+dirty" if dirty else "")
