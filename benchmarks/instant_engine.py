@@ -163,38 +163,6 @@ async def peer_command(
     return peer_argv(peer, python, port, free_port(), engine_urls, policy or peer.default_policy)
 
 
-# --- CPU time -------------------------------------------------------------------------------
-
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(c) for c in f.read().split()]
-    except OSError:
-        pass
-    return found
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process (all its threads) and of its descendants, from /proc."""
-    total = 0.0
-    stack = [pid]
-    while stack:
-        current = stack.pop()
-        try:
-            with open(f"/proc/{current}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
-        stack += _children(current)
-    return total
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

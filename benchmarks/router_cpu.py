@@ -55,7 +55,6 @@ import aiohttp
 from benchmarks.agentic_bodies import AGENTS, WORKFLOWS, agentic_bodies
 from benchmarks.cli import comma_ints, comma_list
 from benchmarks.instant_engine import (
-    cpu_seconds,
     peer_command,
     pin,
     start,
@@ -65,6 +64,7 @@ from benchmarks.instant_engine import (
 )
 from benchmarks.report import commit
 from hiveroute import runtime
+from hiveroute.bench.procs import tree_cpu_seconds
 from hiveroute.runtime import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +106,7 @@ class Running:
     procs: list[subprocess.Popen[bytes]]
 
     def cpu(self) -> float:
-        return sum(cpu_seconds(p.pid) for p in self.procs)
+        return sum(tree_cpu_seconds(p.pid) or 0.0 for p in self.procs)
 
 
 def source_has_workers(source: str | None) -> bool:

@@ -23,6 +23,10 @@ def _s(v: float | None) -> str:
     return "–" if v is None else f"{v:.2f}"
 
 
+def _cpu(v: float | None) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
 def _median_of(cell: Mapping[str, Any], router: str, metric: str) -> float | None:
     fig = figures(cell, metric).get(router)
     return None if fig is None else fig.median
@@ -40,9 +44,10 @@ def _spread(cell: Mapping[str, Any], router: str, metric: str, fmt: Any) -> str:
 def cell_table(cells: Sequence[Mapping[str, Any]]) -> str:
     head = (
         "| cell | router | seeds ok | hit rate | TTFT mean ms | engine TTFT ms | TTFT p50 ms | "
-        "TTFT p99 ms | requests per engine | errors | downstream TTFT ms | workflow s |"
+        "TTFT p99 ms | requests per engine | errors | downstream TTFT ms | workflow s | "
+        "router CPU ms/req |"
     )
-    lines = [head, "|" + "---|" * 2 + "---:|" * 10]
+    lines = [head, "|" + "---|" * 2 + "---:|" * 11]
     for cell in cells:
         routers = sorted({r["router"] for r in cell["runs"].values()}, key=_router_order)
         for router in routers:
@@ -60,7 +65,8 @@ def cell_table(cells: Sequence[Mapping[str, Any]]) -> str:
                 f"{_ms(_median_of(cell, router, 'ttft_p50'))} | "
                 f"{_spread(cell, router, 'ttft_p99', _ms)} | {per_engine or '–'} | {errors} | "
                 f"{_ms(_median_of(cell, router, 'downstream_ttft_mean'))} | "
-                f"{_s(_median_of(cell, router, 'workflow_s_mean'))} |"
+                f"{_s(_median_of(cell, router, 'workflow_s_mean'))} | "
+                f"{_cpu(_median_of(cell, router, 'router_cpu_ms'))} |"
             )
     return "\n".join(lines)
 

@@ -89,6 +89,8 @@ def figures_of(summary: dict[str, Any], requests: list[dict[str, Any]]) -> dict[
         "ttft_p99": summary.get("ttft_s_p99"),
         # the engines' own mean TTFT (their histograms): ttft_mean minus this is the router's
         "engine_ttft_mean": summary.get("engine_ttft_s_mean"),
+        # the router's processes' CPU per request sent (None for runs made before it was read)
+        "router_cpu_ms": summary.get("router_cpu_ms_per_request"),
         "engine_requests": [round(engines[k]) for k in sorted(engines)],
         "downstream_ttft_mean": mean(downstream) if downstream else None,
         "workflow_s_mean": summary.get("unit_s_mean")

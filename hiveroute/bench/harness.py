@@ -81,6 +81,7 @@ class _Cell:
     engine_ttft_sum: float = 0.0
     engine_ttft_count: float = 0.0
     engine_requests: dict[str, float] = field(default_factory=dict)
+    router_cpu_s: float | None = 0.0  # None once a slice could not read it
 
 
 def split_slices(units: list[Unit], slices: int) -> list[list[Unit]]:
@@ -208,6 +209,7 @@ async def run_benchmark(options: RunOptions) -> RunResult:
             cell.wall_s,
             (cell.engine_hits, cell.engine_queries),
             (cell.engine_ttft_sum, cell.engine_ttft_count),
+            cell.router_cpu_s,
         )
         summary["engine_requests"] = dict(sorted(cell.engine_requests.items()))
         summaries.append({"target": cell.target, "workload": cell.workload, **summary})
@@ -257,9 +259,15 @@ async def _run_slice(
         progress=bar,
     )
     started = time.perf_counter()
+    cpu_before = target.cpu_seconds()
     async with LoadSampler(http, fleet.urls, clock) as sampler:
         await run.run(units)
+    cpu_after = target.cpu_seconds()
     cell.wall_s += time.perf_counter() - started
+    if cell.router_cpu_s is not None and cpu_before is not None and cpu_after is not None:
+        cell.router_cpu_s += cpu_after - cpu_before
+    else:
+        cell.router_cpu_s = None
     if bar is not None:
         bar.close()
     cell.records.extend(run.records)

@@ -23,6 +23,40 @@ def die_with_parent() -> None:
         pass
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of a process (all its threads) and of its live descendants, from
+    /proc: a router's own CPU, workers included, beside the clock its clients measure. None
+    where there is no /proc (not Linux) or the process is gone."""
+    total = 0.0
+    stack = [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            with open(f"/proc/{current}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            if current == pid:
+                return None
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+        stack += _children(current)
+    return total
+
+
 class ChildProcess:
     """One subprocess in its own process group, its stdout/stderr appended to `log_path`."""
 
@@ -56,6 +90,12 @@ class ChildProcess:
         finally:
             log.close()
         return cls(proc, log_path, name)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU the process and its descendants have used so far (`tree_cpu_seconds`)."""
+        if self.proc.returncode is not None:
+            return None
+        return tree_cpu_seconds(self.proc.pid)
 
     def log_tail(self, lines: int = 15) -> str:
         with contextlib.suppress(OSError):

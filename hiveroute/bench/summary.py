@@ -34,9 +34,13 @@ def summarize_cell(
     wall_s: float,
     engine_counts: tuple[float, float] = (0.0, 0.0),
     engine_ttft: tuple[float, float] = (0.0, 0.0),
+    router_cpu_s: float | None = None,
 ) -> dict[str, Any]:
     """`engine_counts`: the engines' own (prefix-cache hits, queries); `engine_ttft`: their own
-    (TTFT seconds summed, requests), so the time the router adds shows beside the clients'."""
+    (TTFT seconds summed, requests), so the time the router adds shows beside the clients'.
+    `router_cpu_s`: the CPU the router's processes used meanwhile (None when not measured),
+    per request sent: what a router costs on a real workload (streams relayed, KV events
+    read), not only on a benchmark's instant answers."""
     measured = [r for r in records if not r.cut]
     ok = [r for r in measured if r.ok]
     prompt = sum(r.prompt_tokens or 0 for r in ok)
@@ -73,6 +77,10 @@ def summarize_cell(
         **_stats([u.duration_s for u in done_units if u.duration_s is not None], "unit_s"),
         **_stats(handoff_net, "handoff_s"),
         "requests_per_engine": requests_per_engine(ok),
+        "router_cpu_s": router_cpu_s,
+        "router_cpu_ms_per_request": router_cpu_s * 1000 / len(records)
+        if router_cpu_s is not None and records
+        else None,
     }
     return summary
 
@@ -141,6 +149,7 @@ TABLE_COLUMNS = (
     ("handoff_s_p50", "hand-off p50 ms", "ms"),
     ("hit_rate", "hit rate", "pct"),
     ("output_tokens_per_s", "out tok/s", "int"),
+    ("router_cpu_ms_per_request", "router CPU ms/req", "1f"),
 )
 
 
@@ -155,6 +164,8 @@ def _fmt(value: Any, how: str) -> str:
         return f"{value * 100:.1f}%"
     if how == "int":
         return f"{value:.0f}"
+    if how == "1f":
+        return f"{value:.1f}"
     return str(value)
 
 

@@ -153,6 +153,15 @@ class RunningTarget:
     def url(self) -> str:
         return self.urls[0]
 
+    def cpu_seconds(self) -> float | None:
+        """CPU the router processes the harness started have used so far, every replica and
+        worker: None for a target that has none (an in-process router, a running deployment,
+        the engine) or where it cannot be read. A replicas' Redis is not the router's."""
+        if not self._children:
+            return None
+        used = [child.cpu_seconds() for child in self._children]
+        return None if None in used else sum(u for u in used if u is not None)
+
     async def stop(self) -> None:
         for child in self._children:
             await child.stop()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -51,4 +52,6 @@ def test_demo_compares_round_robin_with_the_best_policy(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert len(summary["cells"]) == 2
     assert all(cell["ok"] == 16 and cell["errors"] == 0 for cell in summary["cells"])
+    if sys.platform == "linux":  # each router subprocess's CPU, from /proc, per request
+        assert all(cell["router_cpu_ms_per_request"] > 0 for cell in summary["cells"])
     assert summary["command"][:2] == ["hiveroute", "demo"]

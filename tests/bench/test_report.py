@@ -103,6 +103,8 @@ async def test_a_run_writes_records_summary_table_and_plots(tmp_path: Path) -> N
     }
     assert cells[("engine", "agentic")]["units_completed"] == 2
     assert cells[("engine", "trace")]["ok"] == 4
+    # no router process of its own: nothing to read its CPU from
+    assert cells[("hiveroute-inproc:round_robin", "trace")]["router_cpu_ms_per_request"] is None
     assert 0 < cells[("engine", "agentic")]["hit_rate"] < 1
     report = (run_dir / "report.md").read_text()
     assert "| hiveroute-inproc:round_robin | agentic |" in report

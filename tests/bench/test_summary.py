@@ -45,3 +45,17 @@ def test_the_engines_own_ttft_is_the_growth_of_their_histograms_over_the_stretch
     summary = summarize_cell([record], [], 1.0, engine_ttft=(total, count))
     assert abs(summary["engine_ttft_s_mean"] - 0.1) < 1e-9
     assert summarize_cell([record], [], 1.0)["engine_ttft_s_mean"] is None
+
+
+def test_the_routers_cpu_is_given_per_request_sent_when_it_was_measured() -> None:
+    records = []
+    for i in range(4):
+        record = RequestRecord(f"r{i}", "u", "t", "w", "chat", t_send_s=0.0, max_tokens=8)
+        record.status, record.ttft_s = (200, 0.1) if i else (500, None)  # a failure costs too
+        records.append(record)
+    summary = summarize_cell(records, [], 1.0, router_cpu_s=0.02)
+    assert summary["router_cpu_s"] == 0.02
+    assert abs(summary["router_cpu_ms_per_request"] - 5.0) < 1e-9
+    unmeasured = summarize_cell(records, [], 1.0)  # an in-process router, a deployment
+    assert unmeasured["router_cpu_ms_per_request"] is None
+    assert summarize_cell([], [], 1.0, router_cpu_s=0.5)["router_cpu_ms_per_request"] is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -45,9 +46,14 @@ async def test_a_router_target_runs_as_replicas_each_answering(
                 async with http.post(url + "/v1/completions", json=body) as response:
                     assert response.status == 200
         assert len(fake_engine.received) == 2
+        if sys.platform == "linux":  # both replicas' CPU, read from /proc
+            used = target.cpu_seconds()
+            one = target._children[0].cpu_seconds()
+            assert used is not None and one is not None and 0 < one < used
     finally:
         await target.stop()
     assert [c.proc.returncode is not None for c in target._children] == [True, True]
+    assert target.cpu_seconds() is None  # its processes are gone
     assert (tmp_path / "target-hiveroute-round_robin.log").exists()
     assert (tmp_path / "target-hiveroute-round_robin-replica2.log").exists()
     with pytest.raises(ConfigError, match="replicas must be between 1 and 16"):
@@ -107,6 +113,7 @@ async def test_engine_target_is_the_first_engine_itself(tmp_path: Path) -> None:
     fleet = Fleet(specs=["http://127.0.0.1:1"], urls=["http://127.0.0.1:1"], kind="fake")
     target = await start_target(TargetSpec.parse("engine"), fleet, tmp_path, replicas=3)
     assert target.urls == ["http://127.0.0.1:1"]  # no router, so nothing to replicate
+    assert target.cpu_seconds() is None  # and no router CPU
     await target.stop()
 
 
