@@ -27,9 +27,16 @@ from benchmarks.matrix.store import CellStore
 from benchmarks.matrix.verdict import METRICS, Figure, classify, figures
 from benchmarks.report import publish
 
-COMPARED = ("hit_rate", "ttft_mean", "ttft_p99", "downstream_ttft_mean", "workflow_s_mean")
+COMPARED = (
+    "hit_rate",
+    "ttft_mean",
+    "ttft_p99",
+    "downstream_ttft_mean",
+    "workflow_s_mean",
+    "router_cpu_ms",
+)
 # half the report's last digit: figures that print alike tie whatever their seeds
-RESOLUTION = {"hit_rate": 0.0005, "workflow_s_mean": 0.005}
+RESOLUTION = {"hit_rate": 0.0005, "workflow_s_mean": 0.005, "router_cpu_ms": 0.05}
 RESOLUTION_S = 0.0005  # TTFTs, printed in whole ms
 
 
@@ -94,6 +101,8 @@ def paired_row(name: str, a: Mapping[str, Any], b: Mapping[str, Any], router: st
 def _fmt(metric: str, fig: Figure) -> str:
     if metric == "hit_rate":
         return f"{100 * fig.median:.1f}% ±{50 * fig.spread:.1f}"
+    if metric == "router_cpu_ms":
+        return f"{fig.median:.1f} ±{fig.spread / 2:.1f}"
     scale, unit = (1.0, " s") if metric == "workflow_s_mean" else (1000.0, "")
     return (
         f"{scale * fig.median:.{2 if unit else 0}f} ±{scale * fig.spread / 2:.{2 if unit else 0}f}"
@@ -130,7 +139,8 @@ def report(router: str, a: Path, b: Path, a_label: str = "a", b_label: str = "b"
     lines = [
         f"`{router}`: {a_label} (`{a}`) → {b_label} (`{b}`); "
         "medians of seeds ± half their range; **better** / **worse**: outside the larger "
-        "spread (the matrix's tie rule), else tied. TTFT in ms, workflow time in s.",
+        "spread (the matrix's tie rule), else tied. TTFT in ms, workflow time in s, "
+        "the router's CPU in ms per request.",
         "",
         "| metric | better | tied | worse |",
         "|---|---:|---:|---:|",

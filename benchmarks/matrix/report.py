@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.matrix.verdict import DEFAULT, IDEAL, METRICS, Check, figures, tally, targets
+from benchmarks.matrix.verdict import DEFAULT, IDEAL, Check, figures, tally, targets
 
 TALLY_METRICS = ("hit_rate", "ttft_mean", "ttft_p99", "downstream_ttft_mean")
 
@@ -166,7 +166,9 @@ def build(cells: Sequence[Mapping[str, Any]], engines: int, out: Path, header: s
         "Per cell and metric: the best median wins alone unless another router's median is "
         "within the larger of the two routers' seed spreads (max − min) of it; then all such "
         "routers tie; the rest lose. `ideal` (one engine with the fleet's cache, 4× faster) is "
-        "a reference, not a contestant. Metrics: " + ", ".join(f"`{m}`" for m in METRICS) + ".",
+        "a reference, not a contestant. Metrics: "
+        + ", ".join(f"`{m}`" for m in TALLY_METRICS)
+        + ".",
         tally_table(cells),
         "## Per cell (medians of seeds; ± half the seeds' range)",
         "`requests per engine`: each run's requests finished per engine, by the engines' own "

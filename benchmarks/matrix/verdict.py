@@ -29,6 +29,7 @@ METRICS: dict[str, bool] = {
     "ttft_p99": False,
     "downstream_ttft_mean": False,
     "workflow_s_mean": False,
+    "router_cpu_ms": False,  # the router's processes' CPU per request, in ms
 }
 
 

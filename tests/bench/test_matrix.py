@@ -418,6 +418,13 @@ def test_compare_judges_one_router_across_two_result_sets_by_the_tie_rule() -> N
         "hit_rate": "tied",
         "ttft_mean": "worse",
     }
+    # the router's CPU per request: less is better, and tenths of a ms that print alike tie
+    a2 = cell("x", [(r, 0, {"router_cpu_ms": 9.1}), (r, 1, {"router_cpu_ms": 9.3})])
+    b2 = cell("x", [(r, 0, {"router_cpu_ms": 6.0}), (r, 1, {"router_cpu_ms": 6.2})])
+    assert compare_cell(a2, b2, r)["router_cpu_ms"][2] == "better"
+    a3 = cell("x", [(r, 0, {"router_cpu_ms": 9.12})])
+    b3 = cell("x", [(r, 0, {"router_cpu_ms": 9.08})])
+    assert compare_cell(a3, b3, r)["router_cpu_ms"][2] == "tied"
 
 
 def test_compare_pairs_runs_by_seed_where_the_seeds_range_hides_a_loss() -> None:
