@@ -74,7 +74,7 @@ class KvEventSubscriber:
         self.stats = SubscriberStats()
         self._own_context = context is None
         self._context = context or zmq.asyncio.Context()
-        self._socket: zmq.asyncio.Socket | None = None
+        self._socket: zmq.Socket[bytes] | None = None
         self._task: asyncio.Task[None] | None = None
         self._expected: int | None = None
         self._last_ts: float | None = None
@@ -82,6 +82,15 @@ class KvEventSubscriber:
         self._lock = asyncio.Lock()  # one message or resync at a time
         self._monitor_task: asyncio.Task[None] | None = None
         self._monitor: zmq.asyncio.Socket | None = None
+        # the SUB socket is read through a plain (synchronous) socket and a reader on its file
+        # descriptor: pyzmq's asyncio receive costs a future and its bookkeeping per message,
+        # and an engine publishes one message per scheduler step, so that was most of what
+        # its events cost the router
+        self._sync_context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(
+            self._context.underlying
+        )
+        self._reading: asyncio.Task[None] | None = None  # a message on the async path
+        self._failed: asyncio.Future[None] | None = None  # the reader's error ends `_run`'s wait
         self.connected = asyncio.Event()  # set once the SUB socket is connected
         self.synced = asyncio.Event()  # set once the first connection's catch-up is done
 
@@ -110,8 +119,8 @@ class KvEventSubscriber:
         if self._own_context:
             self._context.term()
 
-    def _open_socket(self) -> zmq.asyncio.Socket:
-        sock = self._context.socket(zmq.SUB)
+    def _open_socket(self) -> zmq.Socket[bytes]:
+        sock: zmq.Socket[bytes] = self._sync_context.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
@@ -119,10 +128,12 @@ class KvEventSubscriber:
         sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
         sock.setsockopt(zmq.SUBSCRIBE, self.topic)
-        # the monitor first: a connection made before it exists would go unnoticed
-        self._monitor = sock.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
-        )
+        # the monitor first: a connection made before it exists would go unnoticed; it is read
+        # by an asyncio socket of the same context (inproc reaches across the shadow)
+        address = f"inproc://kv-events-monitor-{id(sock):x}"
+        sock.monitor(address, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self._monitor = self._context.socket(zmq.PAIR)
+        self._monitor.connect(address)
         sock.connect(self.endpoint)
         return sock
 
@@ -130,6 +141,9 @@ class KvEventSubscriber:
         if self._monitor_task is not None:
             self._monitor_task.cancel()
             self._monitor_task = None
+        if self._reading is not None:
+            self._reading.cancel()
+            self._reading = None
         # Stop monitoring while the monitor's pair socket is still open: libzmq tells that
         # socket the monitor stopped, and with its peer already closed the call could hang.
         if self._socket is not None:
@@ -139,27 +153,26 @@ class KvEventSubscriber:
             self._monitor.close(linger=0)
             self._monitor = None
         if self._socket is not None:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(self._socket.FD)
             self._socket.close(linger=0)
             self._socket = None
 
     async def _run(self) -> None:
         backoff = 0.1
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 self._socket = self._open_socket()
                 assert self._monitor is not None
-                self._monitor_task = asyncio.get_running_loop().create_task(
+                self._monitor_task = loop.create_task(
                     self._watch(self._monitor), name=f"kv-events-monitor-{self.engine}"
                 )
+                self._failed = loop.create_future()
+                loop.add_reader(self._socket.FD, self._read)
                 self.connected.set()
-                while True:
-                    frames = await self._socket.recv_multipart()
-                    await self.handle_frames(frames)
-                    backoff = 0.1
-                    # A message already waiting is read without the loop running anything else
-                    # first: a backlog (an engine evicting under load) would hold up every
-                    # request the router is serving until it is applied. One turn each.
-                    await asyncio.sleep(0)
+                self._read()  # the descriptor signals changes only: read what is there now
+                await self._failed
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug or a broken socket must not end the subscription
@@ -167,6 +180,46 @@ class KvEventSubscriber:
                 self._close_socket()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    def _read(self) -> None:
+        """Apply one waiting message, then give the loop a turn before the next: a backlog (an
+        engine evicting under load) must not hold up the requests the router is serving. A
+        message that needs a replay first, or that arrives during a resynchronisation, goes
+        the async way (`handle_frames`), and reading waits until it is applied."""
+        if self._socket is None or self._reading is not None:
+            return
+        try:
+            frames = self._socket.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return  # nothing waiting: the descriptor will say when there is
+        except Exception as exc:  # handed to `_run`, which reconnects
+            self._fail(exc)
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            if self._lock.locked() or not self._handle_now(frames):
+                self._reading = loop.create_task(self._handle_later(frames))
+                return
+        except Exception as exc:  # handed to `_run`, which reconnects
+            self._fail(exc)
+            return
+        loop.call_soon(self._read)
+
+    async def _handle_later(self, frames: list[bytes]) -> None:
+        try:
+            await self.handle_frames(frames)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # handed to `_run`, which reconnects
+            self._fail(exc)
+            return
+        finally:
+            self._reading = None
+        self._read()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failed is not None and not self._failed.done():
+            self._failed.set_exception(exc)
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
         """Resynchronise on every (re)connection to the publisher."""
@@ -233,17 +286,49 @@ class KvEventSubscriber:
             await self._handle(frames)
 
     async def _handle(self, frames: list[bytes]) -> None:
+        batch = self._decode(frames)
+        if batch is None:
+            return
+        missing = self._first_missing(batch)
+        if missing is None:
+            return
+        if missing < batch.seq:
+            await self._recover(missing, batch.seq)
+        self._apply(batch)
+
+    def _handle_now(self, frames: list[bytes]) -> bool:
+        """`_handle` for a message that needs no replay (nearly all): False, with nothing
+        done, for one that does."""
+        batch = self._decode(frames)
+        if batch is None:
+            return True
+        if self._expected is not None and batch.seq > self._expected:
+            return False  # a gap: `_handle` recovers it
+        missing = self._first_missing(batch)
+        if missing is None:
+            return True
+        if missing < batch.seq:  # joined late with a replay socket: `_handle` catches up
+            return False
+        self._apply(batch)
+        return True
+
+    def _decode(self, frames: list[bytes]) -> EventBatch | None:
         try:
-            batch = decode_message(frames)
+            return decode_message(frames)
         except EventDecodeError as exc:
             self.stats.decode_errors += 1
             log.warning("undecodable KV-event message from %s: %s", self.engine, exc)
-            return
+            return None
+
+    def _first_missing(self, batch: EventBatch) -> int | None:
+        """The first sequence number still to apply before `batch` (its own when none is
+        missing), noting a publisher's restart; None when `batch` was applied already or is
+        older than what a replay gave."""
         expected = self._expected
         if self._recent.get(batch.seq) == batch.ts:
-            return  # already applied (it arrived live after a resync replayed it)
+            return None  # already applied (it arrived live after a resync replayed it)
         if expected is not None and batch.seq < expected and batch.ts <= (self._last_ts or 0.0):
-            return  # older than what a replay already gave us: a stale, superseded message
+            return None  # older than what a replay already gave us: a stale, superseded message
         if expected is not None and batch.seq < expected:
             self.stats.publisher_restarts += 1
             log.info(
@@ -256,9 +341,7 @@ class KvEventSubscriber:
             expected = 0
         if expected is None:
             expected = 0 if self.replay_endpoint else batch.seq  # joined late: catch up if we can
-        if batch.seq > expected:
-            await self._recover(expected, batch.seq)
-        self._apply(batch)
+        return expected
 
     def _apply(self, batch: EventBatch) -> None:
         for event in batch.events:
