@@ -190,3 +190,33 @@ async def test_a_backlog_of_messages_leaves_room_for_other_tasks(ctx: zmq.asynci
         ticker.cancel()
         await sub.stop()
         await pub.close()
+
+
+async def test_a_failure_applying_a_message_reconnects_and_catches_up(
+    ctx: zmq.asyncio.Context, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug met while applying one message must not end the subscription: the subscriber
+    logs it, opens its socket again, and the resynchronisation replays what it missed."""
+    pub = FakePublisher(ctx)
+    index = KvIndex()
+    sub = await _subscribe(ctx, pub, index)
+    real_apply = index.apply
+    failures = []
+
+    def apply_failing_once(engine: str, event: object) -> None:
+        if not failures:
+            failures.append(event)
+            raise RuntimeError("a bug in the index")
+        real_apply(engine, event)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(index, "apply", apply_failing_once)
+    try:
+        await pub.publish([stored([1], list(range(4)))])  # seq 0: its apply fails
+        await wait_until(lambda: bool(failures))
+        await pub.publish([stored([2], list(range(4, 8)), parent=1)])
+        await wait_until(lambda: index.engine_hashes("e1") == {1, 2}, timeout_s=10)
+        assert "KV-event subscriber for e1 failed; reconnecting" in caplog.text
+        assert sub.stats.last_seq == 1
+    finally:
+        await sub.stop()
+        await pub.close()
