@@ -7,25 +7,20 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
+from hiveroute.bench.environment import COMMIT_ENV, git_commit
+
+__all__ = ["COMMIT_ENV", "ROOT", "commit", "machine", "publish"]
+
 REPORTS = Path(__file__).resolve().parent / "results"
-# the commit a `git archive` copy was made from (it has no .git to ask); benchmarks.matrix.ab sets it
-COMMIT_ENV = "HIVEROUTE_BENCH_COMMIT"
 ROOT = REPORTS.parent.parent
 
 
 def commit(root: Path = ROOT) -> str:
-    """The checkout's commit (a copy made by `git archive` has none: HIVEROUTE_BENCH_COMMIT)."""
-    try:
-        found = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        found = ""
-    return found or os.environ.get(COMMIT_ENV, "?")
+    """The commit a report measured (`hiveroute.bench.environment.git_commit`), "?" if unknown."""
+    return git_commit(root) or "?"
 
 
 def machine() -> str:

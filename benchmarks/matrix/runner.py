@@ -11,7 +11,7 @@ from typing import Any
 
 from benchmarks.matrix.grid import Cell, fleet_args, workload_args
 from benchmarks.matrix.verdict import IDEAL
-from benchmarks.report import COMMIT_ENV
+from hiveroute.bench import environment
 
 ROUTERS = (
     "hiveroute:workflow",
@@ -131,34 +131,5 @@ def run_one(
 
 
 def git_commit() -> str | None:
-    """The commit the run measured (with "+dirty" if the work tree had changes); a copy made by
-    `git archive` has none: `benchmarks.report.COMMIT_ENV` (`benchmarks.matrix.ab` sets it)."""
-    import os
-    import subprocess
-
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            [
-                "git",
-                "-C",
-                str(root),
-                "status",
-                "--porcelain",
-                "--",
-                "hiveroute",
-                "benchmarks/matrix",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get(COMMIT_ENV)
-    return head + ("+dirty" if dirty else "")
+    """The commit the run measured, "+dirty" if the router's or the matrix's code had changes."""
+    return environment.git_commit(dirty_paths=("hiveroute", "benchmarks/matrix"))
