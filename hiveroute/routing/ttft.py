@@ -232,17 +232,17 @@ class TtftPredictor:
         # the two halves drift apart, and divided by lam at every step the drift grows until P
         # is no longer positive definite and the fit diverges (seen after ~7,000 TTFTs that
         # the features explain poorly)
-        p = [[0.0] * 3 for _ in range(3)]
+        updated_p = [[0.0] * 3 for _ in range(3)]
         for i in range(3):
             for j in range(i, 3):
-                p[i][j] = p[j][i] = (model.p[i][j] - gain[i] * px[j]) / lam
+                updated_p[i][j] = updated_p[j][i] = (p[i][j] - gain[i] * px[j]) / lam
         # forgetting inflates P along directions the data never excites (a queue always
         # empty): cap it so one odd observation cannot swing the model
         cap = self._p0_trace * 10.0
-        trace = p[0][0] + p[1][1] + p[2][2]
+        trace = updated_p[0][0] + updated_p[1][1] + updated_p[2][2]
         if trace > cap:
-            p = [[v * (cap / trace) for v in row] for row in p]
-        model.p = p
+            updated_p = [[v * (cap / trace) for v in row] for row in updated_p]
+        model.p = updated_p
         # costs are physical: never negative, and the prefill cost never collapses to zero
         model.theta = (
             max(updated[0], 0.0),
