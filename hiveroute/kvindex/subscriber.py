@@ -84,8 +84,8 @@ class KvEventSubscriber:
         self._monitor: zmq.asyncio.Socket | None = None
         # the SUB socket is read through a plain (synchronous) socket and a reader on its file
         # descriptor: pyzmq's asyncio receive costs a future and its bookkeeping per message,
-        # and an engine publishes one message per scheduler step (5 % of the router's CPU in
-        # the matrix's cells, benchmarks/results/kv_reader_ab.md)
+        # and an engine publishes one message per scheduler step (about 6 % of the router's
+        # CPU in the matrix's cells, benchmarks/results/router_cpu_real_workloads.md)
         self._sync_context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(
             self._context.underlying
         )
