@@ -185,7 +185,7 @@ class KvEventSubscriber:
         """Apply one waiting message, then give the loop a turn before the next: a backlog (an
         engine evicting under load) must not hold up the requests the router is serving. A
         message that needs a replay first, or that arrives during a resynchronisation, goes
-        the async way (`handle_frames`), and reading waits until it is applied."""
+        the async way (`_handle`), and reading waits until it is applied."""
         if self._socket is None or self._reading is not None:
             return
         try:
@@ -197,17 +197,18 @@ class KvEventSubscriber:
             return
         loop = asyncio.get_running_loop()
         try:
-            if self._lock.locked() or not self._handle_now(frames):
-                self._reading = loop.create_task(self._handle_later(frames))
+            batch = self._decode(frames)
+            if batch is not None and (self._lock.locked() or not self._handle_now(batch)):
+                self._reading = loop.create_task(self._handle_later(batch))
                 return
         except Exception as exc:  # handed to `_run`, which reconnects
             self._fail(exc)
             return
         loop.call_soon(self._read)
 
-    async def _handle_later(self, frames: list[bytes]) -> None:
+    async def _handle_later(self, batch: EventBatch) -> None:
         try:
-            await self.handle_frames(frames)
+            await self._handle(batch)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # handed to `_run`, which reconnects
@@ -280,36 +281,25 @@ class KvEventSubscriber:
 
     # --- one message -------------------------------------------------------------------------
 
-    async def handle_frames(self, frames: list[bytes]) -> None:
-        """Apply one PUB message, recovering first from any gap it reveals."""
+    async def _handle(self, batch: EventBatch) -> None:
+        """Apply one batch, recovering first from any gap it reveals."""
         async with self._lock:
-            await self._handle(frames)
+            missing = self._first_missing(batch)
+            if missing is None:
+                return
+            if missing < batch.seq:
+                await self._recover(missing, batch.seq)
+            self._apply(batch)
 
-    async def _handle(self, frames: list[bytes]) -> None:
-        batch = self._decode(frames)
-        if batch is None:
-            return
+    def _handle_now(self, batch: EventBatch) -> bool:
+        """`_handle` without waiting, for a batch that needs no replay first (nearly all);
+        False for one that does: `_handle` then decides it again under the lock (a restart
+        noted here is not noted twice: the sequence starts again at 0 by then)."""
         missing = self._first_missing(batch)
-        if missing is None:
-            return
-        if missing < batch.seq:
-            await self._recover(missing, batch.seq)
-        self._apply(batch)
-
-    def _handle_now(self, frames: list[bytes]) -> bool:
-        """`_handle` for a message that needs no replay (nearly all): False, with nothing
-        done, for one that does."""
-        batch = self._decode(frames)
-        if batch is None:
-            return True
-        if self._expected is not None and batch.seq > self._expected:
-            return False  # a gap: `_handle` recovers it
-        missing = self._first_missing(batch)
-        if missing is None:
-            return True
-        if missing < batch.seq:  # joined late with a replay socket: `_handle` catches up
+        if missing is not None and missing < batch.seq:
             return False
-        self._apply(batch)
+        if missing is not None:
+            self._apply(batch)
         return True
 
     def _decode(self, frames: list[bytes]) -> EventBatch | None:
