@@ -10,9 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from hiveroute.bench.environment import COMMIT_ENV, git_commit
-
-__all__ = ["COMMIT_ENV", "ROOT", "commit", "machine", "publish"]
+from hiveroute.bench.environment import git_commit
 
 REPORTS = Path(__file__).resolve().parent / "results"
 ROOT = REPORTS.parent.parent

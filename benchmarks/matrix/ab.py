@@ -32,7 +32,8 @@ from benchmarks.cli import comma_ints, comma_list
 from benchmarks.matrix.compare import report
 from benchmarks.matrix.grid import all_cells, select
 from benchmarks.matrix.store import CellStore
-from benchmarks.report import COMMIT_ENV, ROOT, publish
+from benchmarks.report import ROOT, publish
+from hiveroute.bench.environment import COMMIT_ENV
 from hiveroute.bench.workloads.trace import full_trace_path
 
 
