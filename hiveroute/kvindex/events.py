@@ -20,6 +20,8 @@ from typing import Any
 
 import msgpack
 
+from hiveroute.kvindex.blocks import MAX_TOKEN_ID
+
 EngineHash = int | bytes
 
 GPU = "GPU"
@@ -123,13 +125,16 @@ def _stored(fields: dict[str, Any]) -> BlockStored:
     size = fields.get("block_size")
     if not isinstance(tokens, (list, tuple)) or not isinstance(size, int) or size <= 0:
         raise EventDecodeError("BlockStored needs token_ids (list) and block_size (int > 0)")
+    token_ids = _checked(tokens, _TOKEN_TYPES, int)
+    if token_ids and (min(token_ids) < 0 or max(token_ids) > MAX_TOKEN_ID):
+        raise EventDecodeError("BlockStored token_ids must be from 0 to 2**64 - 1")
     parent = fields.get("parent_block_hash")
     lora = fields.get("lora_name")
     extra = fields.get("extra_keys")
     return BlockStored(
         block_hashes=_hashes(fields.get("block_hashes")),
         parent_block_hash=None if parent is None else _hash(parent),
-        token_ids=_checked(tokens, _TOKEN_TYPES, int),
+        token_ids=token_ids,
         block_size=size,
         medium=_medium(fields.get("medium")),
         lora_name=lora if isinstance(lora, str) else None,

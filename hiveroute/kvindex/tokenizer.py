@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hiveroute.errors import BadRequest, ConfigError
+from hiveroute.kvindex.blocks import MAX_TOKEN_ID
 from hiveroute.kvindex.prefix_cache import (
     PrefixEncodeCache,
     Starts,
@@ -90,7 +91,10 @@ def prompt_token_ids(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> l
     if isinstance(prompt, str):
         return tokenizer.encode(prompt, add_special_tokens=True)
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-        return [int(t) for t in prompt]
+        ids = [int(t) for t in prompt]
+        if ids and (min(ids) < 0 or max(ids) > MAX_TOKEN_ID):
+            raise BadRequest("token ids in 'prompt' must be from 0 to 2**64 - 1", param="prompt")
+        return ids
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         return tokenizer.encode(prompt[0], add_special_tokens=True)
     raise BadRequest("'prompt' must be a string or a list of token ids", param="prompt")

@@ -4,7 +4,9 @@ import random
 
 import pytest
 
-from hiveroute.kvindex.blocks import block_keys
+from hiveroute.kvindex.blocks import MAX_TOKEN_ID, block_keys
+
+KEY_1234 = 0x7AD8FA4596974B52  # XXH3-64 of the block, seeded with the plain root
 
 
 def test_keys_chain_and_ignore_a_partial_last_block() -> None:
@@ -34,17 +36,22 @@ def test_salt_separates_tenants_and_block_size_matters() -> None:
 
 def test_keys_are_stable_across_processes() -> None:
     # a fixed value: keys must not depend on PYTHONHASHSEED, the run or the machine
-    assert block_keys([1, 2, 3, 4], 4) == [0xEBD6E782A2E2FB8D]
+    assert block_keys([1, 2, 3, 4], 4) == [KEY_1234]
 
 
-def test_bad_block_size() -> None:
+def test_bad_block_size_and_token_ids() -> None:
     with pytest.raises(ValueError):
         block_keys([1, 2], 0)
+    for bad in (-1, MAX_TOKEN_ID + 1):
+        with pytest.raises(OverflowError):
+            block_keys([1, bad], 2)
+    assert len(block_keys([0, MAX_TOKEN_ID], 2)) == 1  # both ends of the range are keyed
 
 
-def test_short_and_long_prompts_chain_the_same_whichever_way_they_are_computed() -> None:
-    """A few blocks are chained in plain ints, many in numpy: every split of a prompt into a
-    head and a tail continued from the head's last key gives the whole prompt's keys."""
+def test_a_prompt_split_anywhere_chains_to_the_same_keys() -> None:
+    """Events key a few blocks at a time, continuing from a parent; requests key whole
+    prompts: every split of a prompt into a head and a tail continued from the head's last key
+    gives the whole prompt's keys."""
     rng = random.Random(5)
     tokens = [rng.randrange(1 << 17) for _ in range(200 * 4)]  # 200 blocks of 4
     whole = block_keys(tokens, 4, salt="t")

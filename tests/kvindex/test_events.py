@@ -160,3 +160,13 @@ def test_consecutive_removals_of_one_medium_arrive_as_one_event_in_order() -> No
     ]
     assert isinstance(batch.events[1], BlockStored) and batch.events[1].block_hashes == [1, 9]
     assert batch.count == 10
+
+
+def test_token_ids_the_router_cannot_key_make_the_message_undecodable() -> None:
+    """A negative token id, or one past 64 bits, would stop the index keying the blocks: the
+    message is refused whole (counted as a decode error) instead of failing mid-apply. (msgpack
+    carries no integer past 64 bits; a float is coerced to one.)"""
+    for bad in (-1, 1e30):
+        frames = encode_message(0, [_dict_stored(token_ids=[1, 2, 3, 4, 5, 6, 7, bad])])
+        with pytest.raises(EventDecodeError, match="token_ids"):
+            decode_message(frames)

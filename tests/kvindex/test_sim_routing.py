@@ -155,3 +155,20 @@ async def test_salted_requests_are_indexed_under_their_salt(
     assert index.match_tokens(engine, ids, salt="tenant-a").tokens == len(ids) // 16 * 16
     assert index.match_tokens(engine, ids).tokens == 0
     assert index.match_tokens(engine, ids, salt="tenant-b").tokens == 0
+
+
+async def test_token_ids_the_router_cannot_key_are_left_to_the_engine(
+    fleet: SimFleet, router: RunningRouter
+) -> None:
+    """A prompt of token ids below 0 or past 64 bits cannot be keyed: the request is routed on
+    load alone and the engine answers it as it would answer it directly (no router error)."""
+    direct_url = fleet.engines[0].url
+    async with aiohttp.ClientSession() as session:
+        for bad in (-1, 1 << 70):
+            body = {"model": "sim-model", "prompt": [bad, *range(100, 140)], "max_tokens": 2}
+            async with session.post(f"{direct_url}/v1/completions", json=body) as resp:
+                direct = resp.status, (await resp.json()).get("error", {}).get("type")
+            async with session.post(f"{router.url}/v1/completions", json=body) as resp:
+                routed = resp.status, (await resp.json()).get("error", {}).get("type")
+                assert resp.headers.get("X-Hiveroute-Engine"), "it reached an engine"
+            assert routed == direct, bad
