@@ -42,7 +42,6 @@ from hiveroute.routing.costs import CostModel
 from hiveroute.routing.live_set import LiveSet
 from hiveroute.routing.policy import Policy
 from hiveroute.routing.registry import PluginContext, PluginRegistry, build_policy
-from hiveroute.routing.ttft import TtftPredictor
 from hiveroute.state.store import StateStore, open_state_store
 from hiveroute.workflows import api as workflow_api
 from hiveroute.workflows.cache_hints import CacheControlHints
@@ -168,11 +167,7 @@ def assemble(
     kv_events = KvEventService(pool, kv_index, topic=config.kv_events_topic)
     metrics.registry.register(KvIndexCollector(kv_events))
     components.append(kv_events)
-    costs = CostModel(
-        predictor=TtftPredictor(board=board),
-        backlog=PrefillBacklog(board=board),
-        live=LiveSet(board=board),
-    )
+    costs = CostModel(backlog=PrefillBacklog(board=board), live=LiveSet(board=board))
     store = store if store is not None else open_state_store(config.state)
     bind_metrics = getattr(store, "bind_metrics", None)
     if bind_metrics is not None:  # Redis: health, metrics and connections live with the router

@@ -16,15 +16,6 @@ per engine per worker). A slot records which workers hold it and is freed when t
 lets the engine go, so churn does not fill the table; when it is full all the same, the engine
 is counted locally only (a warning, once). It lives under `engines` because both the pool and
 the prefill backlog (routing) read it.
-
-The board also carries each worker's latest measured TTFTs, which the TTFT predictor learns
-from (routing/ttft.py), in a ring per worker: an engine's time to first token is the engine's,
-not the worker's, so every worker learns from all of them. Learning only from its own, one
-worker that had seen an engine prefill a long prompt priced it right while its sibling, which
-had seen it serve only cached prompts there, still priced such a prefill at its defaults, twice
-as slow, and kept new workflows off it. A worker writes its ring's entry, then its count; a
-reader takes the entries between the count it saw last and the count now (the latest `RING`
-at most: older ones were overwritten).
 """
 
 from __future__ import annotations
@@ -37,7 +28,6 @@ import mmap
 import os
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -46,17 +36,13 @@ log = logging.getLogger("hiveroute.engines")
 
 MAX_WORKERS = 8  # `serve --workers` allows 1..8; a slot's holders are bits of one word
 DEFAULT_SLOTS = 1024
-_MAGIC = b"HRBOARD2"
+_MAGIC = b"HRBOARD1"
 _HEADER = struct.Struct("<8sQQ")  # magic, workers, slots
 _HEADER_BYTES = 64
 _EMPTY, _FREED = 0, 1  # hash values that mark a slot never used / given back
 # a cell's fields, each a float64 (counts are exact to 2**53)
 IN_FLIGHT, BACKLOG_TOKENS, BACKLOG_REQUESTS, BACKLOG_SINCE, LIVE_BLOCKS, LIVE_AT = range(6)
 FIELDS = 6
-# a measured TTFT's fields in a worker's ring, each a float64
-TTFT_SLOT, TTFT_QUEUE, TTFT_UNCACHED, TTFT_LOWER, TTFT_SECONDS = range(5)
-TTFT_FIELDS = 5
-RING = 256  # TTFTs a worker's ring keeps: far more than a sibling measures between two reads
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -67,37 +53,12 @@ def name_hash(name: str) -> int:
     return value if value > _FREED else value + 2
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """Byte offsets of the board's parts, and the file's size."""
-
-    hashes: int
-    holders: int
-    cells: int
-    ttft_counts: int
-    ttft_rings: int
-    size: int
-
-
-def _layout(workers: int, slots: int) -> _Layout:
+def _layout(workers: int, slots: int) -> tuple[int, int, int, int]:
+    """Offsets of the hashes, the holders and the cells, and the file's size."""
     hashes = _HEADER_BYTES
     holders = hashes + 8 * slots
     cells = holders + 8 * slots
-    ttft_counts = cells + 8 * workers * slots * FIELDS
-    ttft_rings = ttft_counts + 8 * workers
-    size = ttft_rings + 8 * workers * RING * TTFT_FIELDS
-    return _Layout(hashes, holders, cells, ttft_counts, ttft_rings, size)
-
-
-@dataclass(frozen=True)
-class MeasuredTtft:
-    """A TTFT a worker measured, with what it was predicted from (routing/ttft.py)."""
-
-    engine: str
-    queue_depth: float
-    uncached_tokens: float
-    lower_tier_tokens: float
-    ttft_s: float
+    return hashes, holders, cells, cells + 8 * workers * slots * FIELDS
 
 
 class EngineCell:
@@ -170,20 +131,13 @@ class LoadBoard:
         if not 0 <= worker < workers:
             raise ValueError(f"worker {worker} has no row on a board for {workers} workers")
         self.path, self.worker, self.workers, self.slots = path, worker, int(workers), int(slots)
-        layout = _layout(self.workers, self.slots)
-        self._hashes = np.frombuffer(self._map, np.uint64, self.slots, layout.hashes)
-        self._holders = np.frombuffer(self._map, np.uint64, self.slots, layout.holders)
+        hashes, holders, cells, _ = _layout(self.workers, self.slots)
+        self._hashes = np.frombuffer(self._map, np.uint64, self.slots, hashes)
+        self._holders = np.frombuffer(self._map, np.uint64, self.slots, holders)
         self._cells = np.frombuffer(
-            self._map, np.float64, self.workers * self.slots * FIELDS, layout.cells
+            self._map, np.float64, self.workers * self.slots * FIELDS, cells
         ).reshape(self.workers, self.slots, FIELDS)
-        self._ttft_counts = np.frombuffer(self._map, np.float64, self.workers, layout.ttft_counts)
-        self._ttft_rings = np.frombuffer(
-            self._map, np.float64, self.workers * RING * TTFT_FIELDS, layout.ttft_rings
-        ).reshape(self.workers, RING, TTFT_FIELDS)
-        # the TTFTs of each worker's ring read so far: a new worker starts from the rings' ends
-        self._ttfts_read: list[int] = [int(c) for c in self._ttft_counts.tolist()]
         self._joined: dict[str, tuple[int, EngineCell]] = {}
-        self._names: dict[int, str] = {}  # slot -> name, of the engines this worker joined
         self._warned_full = False
 
     @staticmethod
@@ -192,7 +146,7 @@ class LoadBoard:
         worker attaches); removing the file (with the run dir) is its end."""
         if not 1 <= workers <= MAX_WORKERS:
             raise ValueError(f"a load board holds 1..{MAX_WORKERS} workers, not {workers}")
-        size = _layout(workers, slots).size
+        size = _layout(workers, slots)[3]
         with open(path, "wb") as file:
             file.write(_HEADER.pack(_MAGIC, workers, slots).ljust(_HEADER_BYTES, b"\0"))
             file.truncate(size)  # the rest reads as zeros: every slot empty, every count 0
@@ -239,7 +193,6 @@ class LoadBoard:
         self._cells[self.worker, slot] = 0.0
         cell = EngineCell(self._cells[:, slot], self.worker)
         self._joined[name] = (slot, cell)
-        self._names[slot] = name
         return cell
 
     def leave(self, name: str) -> None:
@@ -249,62 +202,12 @@ class LoadBoard:
         if found is None:
             return
         slot, cell = found
-        self._names.pop(slot, None)
         cell.detach()
         self._cells[self.worker, slot] = 0.0
         with self._locked():
             self._holders[slot] &= ~np.uint64(1 << self.worker)
             if self._holders[slot] == 0:
                 self._hashes[slot] = _FREED
-
-    def publish_ttft(self, measured: MeasuredTtft) -> None:
-        """Put a TTFT this worker measured in its ring (an engine it has not joined is not on
-        the board: its TTFTs stay with this worker)."""
-        found = self._joined.get(measured.engine)
-        if found is None:
-            return
-        count = int(self._ttft_counts[self.worker])
-        self._ttft_rings[self.worker, count % RING] = (
-            found[0],
-            measured.queue_depth,
-            measured.uncached_tokens,
-            measured.lower_tier_tokens,
-            measured.ttft_s,
-        )
-        self._ttft_counts[self.worker] = count + 1  # after the entry: a reader takes it whole
-        self._ttfts_read[self.worker] = count + 1
-
-    def sibling_ttfts(self) -> list[MeasuredTtft]:
-        """The TTFTs the other workers measured since the last call, on engines this worker
-        has joined (the latest `RING` of each worker's, if it measured more meanwhile)."""
-        counts = self._ttft_counts.tolist()
-        read = self._ttfts_read
-        if counts == read:
-            return []
-        found: list[MeasuredTtft] = []
-        for worker, count in enumerate(counts):
-            count = int(count)
-            first = max(read[worker], count - RING)
-            if worker == self.worker or first >= count:
-                read[worker] = max(read[worker], count)
-                continue
-            rows = [self._ttft_rings[worker, i % RING].tolist() for i in range(first, count)]
-            # entries the worker overwrote while they were read are dropped
-            first = max(first, int(self._ttft_counts[worker]) - RING)
-            for i, row in zip(range(count - len(rows), count), rows, strict=True):
-                name = self._names.get(int(row[TTFT_SLOT]))
-                if i >= first and name is not None:
-                    found.append(
-                        MeasuredTtft(
-                            name,
-                            row[TTFT_QUEUE],
-                            row[TTFT_UNCACHED],
-                            row[TTFT_LOWER],
-                            row[TTFT_SECONDS],
-                        )
-                    )
-            read[worker] = count
-        return found
 
     def _probe(self, key: int) -> Iterator[int]:
         start = key % self.slots

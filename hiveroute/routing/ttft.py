@@ -18,12 +18,6 @@ defaults, which are slower than most real engines, and one whose first two TTFTs
 cold start) kept those: either way the router never sent it another request and starved it,
 since it only learns from what it routes.
 
-Under `serve --workers` every worker learns from every worker's TTFTs (the host's load board
-carries them, engines/load_board.py): the engines are the same whichever worker routed to
-them, and a model fitted on one worker's share of an engine's requests can miss what decides
-it. One worker had seen an engine serve only cached prompts and still priced a long prefill
-there at the defaults, while its sibling had measured one at a third of that.
-
 Blocks on a lower tier (CPU offload, LMCache) are cached but must be loaded back: they cost a
 fraction of a recompute. The `kv` policy uses this object; the `workflow` policy reuses it.
 """
@@ -34,7 +28,6 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hiveroute.engines.load_board import LoadBoard, MeasuredTtft
 from hiveroute.routing.base import RequestOutcome, RoutingRequest
 
 # Defaults: a mid-size model on one GPU prefills ~10k tokens/s; each request ahead adds ~20 ms.
@@ -91,7 +84,6 @@ class TtftPredictor:
         prefill_s_per_token: float = DEFAULT_PREFILL_S_PER_TOKEN,
         lower_tier_factor: float = DEFAULT_LOWER_TIER_FACTOR,
         forgetting: float = 0.98,
-        board: LoadBoard | None = None,
     ) -> None:
         if min(base_s, queue_s_per_request, prefill_s_per_token, lower_tier_factor) < 0:
             raise ValueError("TTFT predictor defaults must not be negative")
@@ -114,7 +106,6 @@ class TtftPredictor:
         # the fleet's fit counts as this many observations of an engine's own: after a few
         # of its own TTFTs an engine is predicted mostly from them
         self._prior_weight = FLEET_PRIOR_OBSERVATIONS
-        self.board = board  # the host's load board: TTFTs shared with the sibling workers
 
     def _model(self, engine: str) -> _EngineModel:
         model = self._models.get(engine)
@@ -212,38 +203,9 @@ class TtftPredictor:
         ttft_s: float,
         lower_tier_tokens: int = 0,
     ) -> None:
-        """Learn from a TTFT this worker measured, and share it with the sibling workers."""
+        """Fold one measured TTFT into the engine's model (one RLS step)."""
         if not (0.0 < ttft_s < 3600.0) or uncached_tokens < 0:
             return
-        self._fold(engine, queue_depth, uncached_tokens, lower_tier_tokens, ttft_s)
-        if self.board is not None:
-            self.board.publish_ttft(
-                MeasuredTtft(engine, queue_depth, uncached_tokens, lower_tier_tokens, ttft_s)
-            )
-
-    def catch_up(self) -> None:
-        """Learn from the TTFTs the sibling workers measured since the last call."""
-        if self.board is None:
-            return
-        for measured in self.board.sibling_ttfts():
-            if 0.0 < measured.ttft_s < 3600.0 and measured.uncached_tokens >= 0:
-                self._fold(
-                    measured.engine,
-                    measured.queue_depth,
-                    measured.uncached_tokens,
-                    int(measured.lower_tier_tokens),
-                    measured.ttft_s,
-                )
-
-    def _fold(
-        self,
-        engine: str,
-        queue_depth: float,
-        uncached_tokens: float,
-        lower_tier_tokens: int,
-        ttft_s: float,
-    ) -> None:
-        """Fold one measured TTFT into the engine's model (one RLS step)."""
         lam = self.forgetting
         if self._fleet_theta is not None:  # a prediction from the defaults says nothing
             predicted = self.predict(

@@ -54,9 +54,7 @@ class TtftLedger:
         self.drain_backlog = drain_backlog
 
     def load(self, engine: Engine) -> EngineLoad:
-        """`engine`'s load now, as a prediction reads it (and what the sibling workers
-        measured lately learned first)."""
-        self.predictor.catch_up()
+        """`engine`'s load now, as a prediction reads it."""
         rate = self.predictor.prefill_cost(engine.name) if self.drain_backlog else None
         queue, backlog = self.backlog.features(engine, 0, rate)
         return EngineLoad(queue, backlog)

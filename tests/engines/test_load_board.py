@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hiveroute.engines.engine import EngineLoad, EngineSpec, SharedEngineLoad
-from hiveroute.engines.load_board import RING, LoadBoard, MeasuredTtft, board_path, name_hash
+from hiveroute.engines.load_board import LoadBoard, board_path, name_hash
 from hiveroute.engines.pool import EnginePool
 from hiveroute.kvindex.index import KvIndex
 from hiveroute.kvindex.tokenizer import BuiltinTokenizer
@@ -20,7 +20,6 @@ from hiveroute.routing.base import CycleState, RoutingRequest
 from hiveroute.routing.costs import CostModel
 from hiveroute.routing.live_set import LiveSet
 from hiveroute.routing.registry import PluginContext, build_policy
-from hiveroute.routing.ttft import TtftPredictor
 
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"  # engines, by name (host:port)
 
@@ -298,43 +297,3 @@ def test_a_sibling_process_load_is_seen_across_processes(path: str) -> None:
         if child.is_alive():
             child.kill()
     assert child.exitcode == 0
-
-
-def test_every_worker_learns_from_every_workers_ttfts(path: str) -> None:
-    """Two workers' predictors on one board end up with the same model of an engine, whichever
-    of them measured its TTFTs; an engine a worker has not joined is not shared."""
-    boards = LoadBoard(path, 0), LoadBoard(path, 1)
-    for board in boards:
-        pool_on(board, A, B)
-    first, second = (TtftPredictor(board=board) for board in boards)
-    alone = TtftPredictor()
-    measured = [(0.0, 33_000, 0.9), (1.0, 300, 0.04), (0.0, 200, 0.03), (2.0, 16_000, 0.5)]
-    for i, (queue, uncached, ttft) in enumerate(measured):
-        (first if i % 2 else second).observe(
-            A, queue_depth=queue, uncached_tokens=uncached, ttft_s=ttft
-        )
-        alone.observe(A, queue_depth=queue, uncached_tokens=uncached, ttft_s=ttft)
-        first.catch_up()
-        second.catch_up()
-    long_prefill = {"queue_depth": 0.0, "uncached_tokens": 33_000}
-    expected = alone.predict(A, **long_prefill)
-    assert first.predict(A, **long_prefill) == pytest.approx(expected)
-    assert second.predict(A, **long_prefill) == pytest.approx(expected)
-    assert first.observations(A) == second.observations(A) == len(measured)
-    first.catch_up()  # nothing new: nothing learned twice
-    assert first.observations(A) == len(measured)
-    first.observe("10.0.0.9:8000", queue_depth=0.0, uncached_tokens=100, ttft_s=0.02)
-    second.catch_up()
-    assert second.observations("10.0.0.9:8000") == 0  # not on the board
-
-
-def test_a_worker_far_behind_takes_the_latest_ring_of_ttfts(path: str) -> None:
-    writer, reader = LoadBoard(path, 0), LoadBoard(path, 1)
-    pool_on(writer, A)
-    pool_on(reader, A)
-    for i in range(RING + 10):
-        writer.publish_ttft(MeasuredTtft(A, 0.0, float(i), 0.0, 0.01))
-    found = reader.sibling_ttfts()
-    assert [m.uncached_tokens for m in found] == [float(i) for i in range(10, RING + 10)]
-    assert reader.sibling_ttfts() == []
-    assert writer.sibling_ttfts() == []  # its own are not handed back
