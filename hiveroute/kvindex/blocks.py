@@ -41,14 +41,19 @@ def root_key(salt: str | None = None) -> int:
 _PLAIN_ROOT = root_key(None)
 
 
+def keyable(token_ids: Sequence[int]) -> bool:
+    """Whether every token id is one `block_keys` can key (0 to `MAX_TOKEN_ID`)."""
+    return not token_ids or (min(token_ids) >= 0 and max(token_ids) <= MAX_TOKEN_ID)
+
+
 def block_keys(
     token_ids: Sequence[int], block_size: int, *, salt: str | None = None, parent: int | None = None
 ) -> list[BlockKey]:
     """Keys of every *full* block of `token_ids` (a partial last block is never cached).
 
     `parent` continues a chain (the key of the block before `token_ids[0]`); otherwise the chain
-    starts at the root, with `salt` mixed in. A token id below 0 or above `MAX_TOKEN_ID` raises
-    OverflowError (requests and events are checked before they get here).
+    starts at the root, with `salt` mixed in. A token id that is not `keyable` raises OverflowError
+    (requests and events are checked before they get here).
     """
     if block_size <= 0:
         raise ValueError("block_size must be positive")

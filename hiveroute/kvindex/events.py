@@ -20,7 +20,7 @@ from typing import Any
 
 import msgpack
 
-from hiveroute.kvindex.blocks import MAX_TOKEN_ID
+from hiveroute.kvindex.blocks import keyable
 
 EngineHash = int | bytes
 
@@ -126,7 +126,7 @@ def _stored(fields: dict[str, Any]) -> BlockStored:
     if not isinstance(tokens, (list, tuple)) or not isinstance(size, int) or size <= 0:
         raise EventDecodeError("BlockStored needs token_ids (list) and block_size (int > 0)")
     token_ids = _checked(tokens, _TOKEN_TYPES, int)
-    if token_ids and (min(token_ids) < 0 or max(token_ids) > MAX_TOKEN_ID):
+    if not keyable(token_ids):
         raise EventDecodeError("BlockStored token_ids must be from 0 to 2**64 - 1")
     parent = fields.get("parent_block_hash")
     lora = fields.get("lora_name")

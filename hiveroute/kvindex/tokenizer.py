@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hiveroute.errors import BadRequest, ConfigError
-from hiveroute.kvindex.blocks import MAX_TOKEN_ID
+from hiveroute.kvindex.blocks import keyable
 from hiveroute.kvindex.prefix_cache import (
     PrefixEncodeCache,
     Starts,
@@ -92,7 +92,7 @@ def prompt_token_ids(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> l
         return tokenizer.encode(prompt, add_special_tokens=True)
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         ids = [int(t) for t in prompt]
-        if ids and (min(ids) < 0 or max(ids) > MAX_TOKEN_ID):
+        if not keyable(ids):
             raise BadRequest("token ids in 'prompt' must be from 0 to 2**64 - 1", param="prompt")
         return ids
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):

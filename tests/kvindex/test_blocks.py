@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from hiveroute.kvindex.blocks import MAX_TOKEN_ID, block_keys
+from hiveroute.kvindex.blocks import MAX_TOKEN_ID, block_keys, keyable
 
 KEY_1234 = 0x7AD8FA4596974B52  # XXH3-64 of the block, seeded with the plain root
 
@@ -43,8 +43,10 @@ def test_bad_block_size_and_token_ids() -> None:
     with pytest.raises(ValueError):
         block_keys([1, 2], 0)
     for bad in (-1, MAX_TOKEN_ID + 1):
+        assert not keyable([1, bad])
         with pytest.raises(OverflowError):
             block_keys([1, bad], 2)
+    assert keyable([]) and keyable([0, MAX_TOKEN_ID])
     assert len(block_keys([0, MAX_TOKEN_ID], 2)) == 1  # both ends of the range are keyed
 
 
