@@ -22,8 +22,11 @@ from benchmarks.report import publish
 from hiveroute.kvindex.blocks import block_keys
 
 BLOCK_SIZE = 16
-SIZES = {"1 block (a decode step's event)": 1, "20 blocks (a prefill's event)": 20}
-PROMPT_BLOCKS = 625  # a 10,000-token prompt
+SIZES = {  # label -> blocks
+    "1 block (a decode step's event)": 1,
+    "20 blocks (a prefill's event)": 20,
+    "625 blocks (a 10,000-token prompt)": 625,
+}
 PAUSE_S = 0.01
 PAUSED_CALLS = 100
 
@@ -57,10 +60,9 @@ def main() -> None:
     parser.add_argument("--report", default="block_keys", help="report name under results/")
     args = parser.parse_args()
     rng = random.Random(0)
-    sizes = {**SIZES, f"{PROMPT_BLOCKS} blocks (a 10,000-token prompt)": PROMPT_BLOCKS}
     rows = ["| size | back to back (µs/call) | after a 10 ms pause (µs/call) |", "|---|---:|---:|"]
     figures = {}
-    for label, blocks in sizes.items():
+    for label, blocks in SIZES.items():
         tokens = [rng.randrange(128_000) for _ in range(blocks * BLOCK_SIZE)]
         warm, paused = back_to_back_us(tokens, args.repeats), after_pause_us(tokens)
         figures[label] = {"back_to_back_us": round(warm, 2), "after_pause_us": round(paused, 2)}
