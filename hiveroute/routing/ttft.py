@@ -25,7 +25,6 @@ fraction of a recompute. The `kv` policy uses this object; the `workflow` policy
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hiveroute.routing.base import RequestOutcome, RoutingRequest
@@ -53,14 +52,10 @@ Vector = tuple[float, float, float]
 Matrix = list[list[float]]
 
 
-def _vector(values: Iterable[float]) -> Vector:
-    """Three floats as a Vector (a generator's, for the fits' arithmetic)."""
-    a, b, c = values
-    return (a, b, c)
+class _Fit:
+    """A recursive least squares fit of the three costs, with its covariance."""
 
-
-class _EngineModel:
-    __slots__ = ("last_tick", "observations", "p", "theta")
+    __slots__ = ("observations", "p", "theta")
 
     def __init__(self, prior: Vector) -> None:
         self.theta: Vector = prior
@@ -70,6 +65,18 @@ class _EngineModel:
             for i in range(3)
         ]
         self.observations = 0
+
+
+class _EngineScale:
+    """How an engine's TTFTs compared with the fleet's fit: the forgetting mean of their log
+    ratios, and how much evidence that mean rests on."""
+
+    __slots__ = ("last_tick", "log_ratio_sum", "observations", "weight")
+
+    def __init__(self) -> None:
+        self.log_ratio_sum = 0.0
+        self.weight = 0.0  # the ratios' forgetting count: at most one window
+        self.observations = 0  # every TTFT measured on the engine
         self.last_tick = 0  # the fleet's observation count at this engine's latest
 
 
@@ -90,69 +97,52 @@ class TtftPredictor:
         if not 0.5 < forgetting <= 1.0:
             raise ValueError("forgetting must be in (0.5, 1]")
         self._prior: Vector = (base_s, queue_s_per_request, prefill_s_per_token * _TOKEN_SCALE)
-        self._p0_trace = sum(_EngineModel(self._prior).p[i][i] for i in range(3))
+        self._fleet = _Fit(self._prior)  # the fleet's costs, fitted on every engine's TTFTs
+        self._p0_trace = sum(self._fleet.p[i][i] for i in range(3))
         self.lower_tier_factor = lower_tier_factor
         self.forgetting = forgetting
-        self._models: dict[str, _EngineModel] = {}
+        self._engines: dict[str, _EngineScale] = {}
+        self._scales: dict[str, float] = {}  # engine -> its factor, shrunk towards 1
         self._tick = 0  # TTFTs measured across the fleet
         # squared relative errors of the predictions those TTFTs were measured against (each
         # |measured - predicted| / the larger of the two), with forgetting
         self._squared_error = 0.0
         self._error_weight = 0.0
-        self._fleet_theta: Vector | None = None  # mean of the measured engines' fits
-        self._effective: dict[str, Vector] = {}  # engine -> its fit shrunk to the fleet's
-        # the observations a fit remembers: 1 / (1 - forgetting), e.g. 50 at 0.98
-        self._window = 1.0 / (1.0 - forgetting) if forgetting < 1.0 else 1000.0
-        # the fleet's fit counts as this many observations of an engine's own: after a few
-        # of its own TTFTs an engine is predicted mostly from them
+        # log(measured / the fleet's fit) over every engine's TTFTs, with forgetting
+        self._level_sum = 0.0
+        self._level_weight = 0.0
+        # the fleet's fit counts as this many observations of an engine's own ratio: after a
+        # few of its own TTFTs an engine is predicted mostly from them
         self._prior_weight = FLEET_PRIOR_OBSERVATIONS
 
-    def _model(self, engine: str) -> _EngineModel:
-        model = self._models.get(engine)
-        if model is None:
-            model = self._models[engine] = _EngineModel(self._prior)
-        return model
+    def _engine(self, engine: str) -> _EngineScale:
+        found = self._engines.get(engine)
+        if found is None:
+            found = self._engines[engine] = _EngineScale()
+        return found
 
-    def _weight(self, model: _EngineModel) -> float:
-        """How many observations an engine's fit stands for: forgetting caps it at a window,
+    def _weight(self, scale: _EngineScale) -> float:
+        """How many observations an engine's ratio stands for: forgetting caps it at a window,
         and ages it by every TTFT the fleet measured since its latest, beyond the gap its fair
         share leaves (one in as many as there are engines)."""
-        age = max(0, self._tick - model.last_tick - len(self._models))
-        return float(min(model.observations, self._window)) * self.forgetting**age
+        age = max(0, self._tick - scale.last_tick - len(self._engines))
+        return scale.weight * self.forgetting**age
+
+    def _refresh_scales(self) -> None:
+        prior_weight = self._prior_weight
+        scales: dict[str, float] = {}
+        for name, scale in self._engines.items():
+            if scale.weight > 0:
+                w = self._weight(scale)
+                mean = scale.log_ratio_sum / scale.weight
+                scales[name] = math.exp(w * mean / (w + prior_weight))
+        self._scales = scales
 
     def _theta(self, engine: str) -> Vector:
-        """The model `engine` is predicted with: its fit, shrunk towards the fleet's."""
-        found = self._effective.get(engine)
-        if found is not None:
-            return found
-        return self._fleet_theta if self._fleet_theta is not None else self._prior
-
-    def _refresh_fleet(self) -> None:
-        measured = [m for m in self._models.values() if m.observations > 0]
-        if not measured:
-            self._fleet_theta = None
-            self._effective = {}
-            return
-        weights = [self._weight(m) for m in measured]
-        total = sum(weights)
-        if total > 0:
-            fleet = _vector(
-                sum(w * m.theta[i] for w, m in zip(weights, measured, strict=True)) / total
-                for i in range(3)
-            )
-        else:  # every fit aged to nothing: their plain mean
-            fleet = _vector(sum(m.theta[i] for m in measured) / len(measured) for i in range(3))
-        self._fleet_theta = fleet
-        prior_weight = self._prior_weight
-        effective: dict[str, Vector] = {}
-        for name, m in self._models.items():
-            if m.observations > 0:
-                w = self._weight(m)
-                effective[name] = _vector(
-                    (w * m.theta[i] + prior_weight * fleet[i]) / (w + prior_weight)
-                    for i in range(3)
-                )
-        self._effective = effective
+        """The costs `engine` is predicted with: the fleet's, times its factor."""
+        base, per_request, per_ktoken = self._fleet.theta
+        factor = self._scales.get(engine, 1.0)
+        return (base * factor, per_request * factor, per_ktoken * factor)
 
     def prefill_cost(self, engine: str) -> float:
         """Seconds per uncached prompt token on `engine` as learned so far."""
@@ -172,8 +162,12 @@ class TtftPredictor:
         return math.sqrt(self._squared_error / self._error_weight)
 
     def observations(self, engine: str) -> int:
-        model = self._models.get(engine)
-        return model.observations if model else 0
+        scale = self._engines.get(engine)
+        return scale.observations if scale else 0
+
+    def factor(self, engine: str) -> float:
+        """How much slower (above 1) or faster than the fleet's fit `engine` is predicted."""
+        return self._scales.get(engine, 1.0)
 
     def estimate(
         self, engine: str, *, queue_depth: float, uncached_tokens: float, lower_tier_tokens: int = 0
@@ -207,22 +201,36 @@ class TtftPredictor:
         if not (0.0 < ttft_s < 3600.0) or uncached_tokens < 0:
             return
         lam = self.forgetting
-        if self._fleet_theta is not None:  # a prediction from the defaults says nothing
-            predicted = self.predict(
-                engine,
-                queue_depth=queue_depth,
-                uncached_tokens=uncached_tokens,
-                lower_tier_tokens=lower_tier_tokens,
-            )
+        scale = self._engine(engine)
+        tokens = uncached_tokens + lower_tier_tokens * self.lower_tier_factor
+        x = (1.0, max(0.0, queue_depth), tokens / _TOKEN_SCALE)
+        fleet = self._fleet
+        if fleet.observations:  # a prediction from the defaults says nothing
+            shape = x[0] * fleet.theta[0] + x[1] * fleet.theta[1] + x[2] * fleet.theta[2]
+            predicted = shape * self._scales.get(engine, 1.0)
             relative = (ttft_s - predicted) / max(ttft_s, predicted)
             self._squared_error = lam * self._squared_error + relative**2
             self._error_weight = lam * self._error_weight + 1.0
-        model = self._model(engine)
-        if model.observations == 0 and self._fleet_theta is not None:
-            model.theta = self._fleet_theta  # start from what the fleet taught
-        tokens = uncached_tokens + lower_tier_tokens * self.lower_tier_factor
-        x = (1.0, max(0.0, queue_depth), tokens / _TOKEN_SCALE)
-        p, theta = model.p, model.theta
+            if shape > 0:
+                # the engine's ratio counts against the fleet's recent ratios: what all engines
+                # share (the fit still learning) is the fleet's, what is left the engine's
+                ratio = math.log(ttft_s / shape)
+                level = self._level_sum / self._level_weight if self._level_weight else ratio
+                scale.log_ratio_sum = lam * scale.log_ratio_sum + (ratio - level)
+                scale.weight = lam * scale.weight + 1.0
+                self._level_sum = lam * self._level_sum + ratio
+                self._level_weight = lam * self._level_weight + 1.0
+        scale.observations += 1
+        self._tick += 1
+        scale.last_tick = self._tick
+        self._refresh_scales()
+        # the fleet's costs learn from the TTFT as the engine's factor explains it
+        self._fold(fleet, x, ttft_s / self._scales.get(engine, 1.0))
+
+    def _fold(self, fit: _Fit, x: Vector, ttft_s: float) -> None:
+        """One RLS step of `fit` towards `ttft_s` at features `x`."""
+        lam = self.forgetting
+        p, theta = fit.p, fit.theta
         px = [p[i][0] * x[0] + p[i][1] * x[1] + p[i][2] * x[2] for i in range(3)]
         denominator = lam + x[0] * px[0] + x[1] * px[1] + x[2] * px[2]
         gain = [v / denominator for v in px]
@@ -242,17 +250,14 @@ class TtftPredictor:
         trace = updated_p[0][0] + updated_p[1][1] + updated_p[2][2]
         if trace > cap:
             updated_p = [[v * (cap / trace) for v in row] for row in updated_p]
-        model.p = updated_p
+        fit.p = updated_p
         # costs are physical: never negative, and the prefill cost never collapses to zero
-        model.theta = (
+        fit.theta = (
             max(updated[0], 0.0),
             max(updated[1], 0.0),
             max(updated[2], 1e-9 * _TOKEN_SCALE),
         )
-        model.observations += 1
-        self._tick += 1
-        model.last_tick = self._tick
-        self._refresh_fleet()
+        fit.observations += 1
 
 
 @dataclass(frozen=True)

@@ -468,7 +468,7 @@ def test_an_engine_not_measured_yet_is_predicted_as_the_measured_ones() -> None:
         predictor.observe("a", queue_depth=0, uncached_tokens=5000, ttft_s=0.01 + 0.1)
         predictor.observe("a", queue_depth=0, uncached_tokens=1000, ttft_s=0.01 + 0.02)
     assert predictor.prefill_cost("a") == pytest.approx(2e-5, rel=0.1)
-    assert predictor.prefill_cost("b") == pytest.approx(predictor.prefill_cost("a"))
+    assert predictor.prefill_cost("b") == pytest.approx(predictor.prefill_cost("a"), rel=0.05)
     predictor.observe("b", queue_depth=0, uncached_tokens=5000, ttft_s=0.2)  # b is slower
     assert 2e-5 < predictor.prefill_cost("b") < 1e-4  # from the fleet's model, not the default
 
