@@ -3,20 +3,27 @@
 TTFT ≈ base + queue_depth × per_request_delay + uncached_tokens × prefill_cost
        + lower_tier_tokens × prefill_cost × lower_tier_factor
 
-One model per engine, fitted by recursive least squares (with forgetting, so a slower engine or
-a changed load shows up within tens of requests), and predicted through the fleet's: engines
-behind one router usually serve one model on one kind of hardware, so an engine's prediction is
-its own fit and the fleet's mean fit weighted by how much each has measured (the fleet counts as
-ten observations, the engine as its own, up to one forgetting window). An engine not measured
-yet is predicted as the fleet; only before any measurement do the defaults below apply.
+One fit of the three costs for the fleet, by recursive least squares on every engine's TTFTs
+(with forgetting, so a changed load shows up within tens of requests), and one factor per
+engine: engines behind one router usually serve one model on one kind of hardware, and where
+they do not, a slower engine is slower at all three. An engine's factor is the forgetting mean
+of log(its TTFT / the fleet's fit), each counted against the fleet's recent mean of the same
+ratio (what every engine shares is the fit still learning, not the engine), shrunk towards 1 as
+if the fleet had ten observations of it. An engine not measured yet is predicted as the fleet;
+only before any measurement do the defaults below apply.
 
-An engine's own measurements also age with every TTFT the fleet measures after them: one the
+Why one fit: with a fit per engine, each learnt from its own few TTFTs, engines of one kind were
+priced 10-50 % apart for no reason of theirs, and new contexts kept off the one priced highest.
+An engine that had served only cached prompts had never measured its per-token cost, so a long
+prefill there was priced at the defaults; one whose first TTFTs came at a cold start kept them.
+With one worker, a chat workload sent 26 of 360 requests to one engine of four in three of three
+runs (mt-s50-w050-u32). A per-token cost measured on any engine now holds for all of them, and
+a factor rests on every TTFT of its engine, whatever their size.
+
+An engine's factor also ages with every TTFT the fleet measures after its latest: one the
 router stopped sending requests to drifts back to the fleet's prediction, so a few unlucky
-measurements (a prefill that met a burst) cannot keep an engine of the same hardware idle for
-good. Without the fleet's fit and this aging, an engine that got no request early kept the
-defaults, which are slower than most real engines, and one whose first two TTFTs were slow (a
-cold start) kept those: either way the router never sent it another request and starved it,
-since it only learns from what it routes.
+measurements (a prefill that met a burst) cannot keep an engine idle for good, since the router
+only learns from what it routes.
 
 Blocks on a lower tier (CPU offload, LMCache) are cached but must be loaded back: they cost a
 fraction of a recompute. The `kv` policy uses this object; the `workflow` policy reuses it.

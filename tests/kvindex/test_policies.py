@@ -473,6 +473,24 @@ def test_an_engine_not_measured_yet_is_predicted_as_the_measured_ones() -> None:
     assert 2e-5 < predictor.prefill_cost("b") < 1e-4  # from the fleet's model, not the default
 
 
+def test_a_per_token_cost_measured_on_one_engine_prices_long_prompts_on_all() -> None:
+    """Engine "b" served only cached prompts (300 new tokens each), from before any engine had
+    prefilled a long one; "a" then measured 33k-token prefills. With a fit per engine, b kept
+    most of the defaults' per-token cost, and a new 33k-token context was priced 1.6x higher
+    there (1.5 s against 1.0): new contexts kept off an engine of the same kind."""
+    predictor = TtftPredictor()
+    for _ in range(20):
+        predictor.observe("b", queue_depth=0, uncached_tokens=300, ttft_s=0.02)
+    for _ in range(20):
+        predictor.observe("a", queue_depth=0, uncached_tokens=33_000, ttft_s=0.9)
+        predictor.observe("a", queue_depth=0, uncached_tokens=300, ttft_s=0.02)
+        predictor.observe("b", queue_depth=0, uncached_tokens=300, ttft_s=0.02)
+    long_a = predictor.predict("a", queue_depth=0, uncached_tokens=33_000)
+    long_b = predictor.predict("b", queue_depth=0, uncached_tokens=33_000)
+    assert long_b == pytest.approx(long_a, rel=0.1)
+    assert long_a == pytest.approx(0.9, rel=0.3)
+
+
 def test_an_engine_whose_first_ttfts_were_slow_is_predicted_near_the_fleet() -> None:
     """A cold start makes an engine's first TTFTs slow; predicted from those alone it would get
     no further request, and so never show it is as fast as the others."""
