@@ -74,7 +74,7 @@ class _Fit:
         self.observations = 0
 
 
-class _EngineScale:
+class _EngineRatios:
     """How an engine's TTFTs compared with the fleet's fit: the forgetting mean of their log
     ratios, and how much evidence that mean rests on."""
 
@@ -108,8 +108,8 @@ class TtftPredictor:
         self._p0_trace = sum(self._fleet.p[i][i] for i in range(3))
         self.lower_tier_factor = lower_tier_factor
         self.forgetting = forgetting
-        self._engines: dict[str, _EngineScale] = {}
-        self._scales: dict[str, float] = {}  # engine -> its factor, shrunk towards 1
+        self._engines: dict[str, _EngineRatios] = {}
+        self._factors: dict[str, float] = {}  # engine -> its factor, shrunk towards 1
         self._tick = 0  # TTFTs measured across the fleet
         # squared relative errors of the predictions those TTFTs were measured against (each
         # |measured - predicted| / the larger of the two), with forgetting
@@ -122,33 +122,33 @@ class TtftPredictor:
         # few of its own TTFTs an engine is predicted mostly from them
         self._prior_weight = FLEET_PRIOR_OBSERVATIONS
 
-    def _engine(self, engine: str) -> _EngineScale:
+    def _engine(self, engine: str) -> _EngineRatios:
         found = self._engines.get(engine)
         if found is None:
-            found = self._engines[engine] = _EngineScale()
+            found = self._engines[engine] = _EngineRatios()
         return found
 
-    def _weight(self, scale: _EngineScale) -> float:
+    def _weight(self, ratios: _EngineRatios) -> float:
         """How many observations an engine's ratio stands for: forgetting caps it at a window,
         and ages it by every TTFT the fleet measured since its latest, beyond the gap its fair
         share leaves (one in as many as there are engines)."""
-        age = max(0, self._tick - scale.last_tick - len(self._engines))
-        return scale.weight * self.forgetting**age
+        age = max(0, self._tick - ratios.last_tick - len(self._engines))
+        return ratios.weight * self.forgetting**age
 
-    def _refresh_scales(self) -> None:
+    def _refresh_factors(self) -> None:
         prior_weight = self._prior_weight
-        scales: dict[str, float] = {}
-        for name, scale in self._engines.items():
-            if scale.weight > 0:
-                w = self._weight(scale)
-                mean = scale.log_ratio_sum / scale.weight
-                scales[name] = math.exp(w * mean / (w + prior_weight))
-        self._scales = scales
+        factors: dict[str, float] = {}
+        for name, ratios in self._engines.items():
+            if ratios.weight > 0:
+                w = self._weight(ratios)
+                mean = ratios.log_ratio_sum / ratios.weight
+                factors[name] = math.exp(w * mean / (w + prior_weight))
+        self._factors = factors
 
     def _theta(self, engine: str) -> Vector:
         """The costs `engine` is predicted with: the fleet's, times its factor."""
         base, per_request, per_ktoken = self._fleet.theta
-        factor = self._scales.get(engine, 1.0)
+        factor = self._factors.get(engine, 1.0)
         return (base * factor, per_request * factor, per_ktoken * factor)
 
     def prefill_cost(self, engine: str) -> float:
@@ -169,12 +169,8 @@ class TtftPredictor:
         return math.sqrt(self._squared_error / self._error_weight)
 
     def observations(self, engine: str) -> int:
-        scale = self._engines.get(engine)
-        return scale.observations if scale else 0
-
-    def factor(self, engine: str) -> float:
-        """How much slower (above 1) or faster than the fleet's fit `engine` is predicted."""
-        return self._scales.get(engine, 1.0)
+        ratios = self._engines.get(engine)
+        return ratios.observations if ratios else 0
 
     def estimate(
         self, engine: str, *, queue_depth: float, uncached_tokens: float, lower_tier_tokens: int = 0
@@ -208,13 +204,13 @@ class TtftPredictor:
         if not (0.0 < ttft_s < 3600.0) or uncached_tokens < 0:
             return
         lam = self.forgetting
-        scale = self._engine(engine)
+        ratios = self._engine(engine)
         tokens = uncached_tokens + lower_tier_tokens * self.lower_tier_factor
         x = (1.0, max(0.0, queue_depth), tokens / _TOKEN_SCALE)
         fleet = self._fleet
         if fleet.observations:  # a prediction from the defaults says nothing
             shape = x[0] * fleet.theta[0] + x[1] * fleet.theta[1] + x[2] * fleet.theta[2]
-            predicted = shape * self._scales.get(engine, 1.0)
+            predicted = shape * self._factors.get(engine, 1.0)
             relative = (ttft_s - predicted) / max(ttft_s, predicted)
             self._squared_error = lam * self._squared_error + relative**2
             self._error_weight = lam * self._error_weight + 1.0
@@ -223,16 +219,16 @@ class TtftPredictor:
                 # share (the fit still learning) is the fleet's, what is left the engine's
                 ratio = math.log(ttft_s / shape)
                 level = self._level_sum / self._level_weight if self._level_weight else ratio
-                scale.log_ratio_sum = lam * scale.log_ratio_sum + (ratio - level)
-                scale.weight = lam * scale.weight + 1.0
+                ratios.log_ratio_sum = lam * ratios.log_ratio_sum + (ratio - level)
+                ratios.weight = lam * ratios.weight + 1.0
                 self._level_sum = lam * self._level_sum + ratio
                 self._level_weight = lam * self._level_weight + 1.0
-        scale.observations += 1
+        ratios.observations += 1
         self._tick += 1
-        scale.last_tick = self._tick
-        self._refresh_scales()
+        ratios.last_tick = self._tick
+        self._refresh_factors()
         # the fleet's costs learn from the TTFT as the engine's factor explains it
-        self._fold(fleet, x, ttft_s / self._scales.get(engine, 1.0))
+        self._fold(fleet, x, ttft_s / self._factors.get(engine, 1.0))
 
     def _fold(self, fit: _Fit, x: Vector, ttft_s: float) -> None:
         """One RLS step of `fit` towards `ttft_s` at features `x`."""
