@@ -68,9 +68,8 @@ class _Fit:
         self.theta: Vector = prior
         # prior variance: (ten times each default)², in seconds squared. RLS reads it against
         # a noise of 1 s², so on the fixed cost it starts out worth about a hundred TTFTs: the
-        # fit moves slowly. A weak prior (in units of a 10 ms noise) let a direction the data
-        # hardly excites, the queue depth, swing to predictions of 200 s for 2 s prefills
-        # (benchmarks/results/ttft_fleet_fit.md).
+        # fit moves slowly. A weak prior (in units of a 10 ms noise) let a few odd TTFTs swing
+        # it to predictions of 200 s for 2 s prefills (benchmarks/results/ttft_fleet_fit.md).
         self.p: Matrix = [
             [(max(prior[i], 1e-3) * 10.0) ** 2 if i == j else 0.0 for j in range(3)]
             for i in range(3)
