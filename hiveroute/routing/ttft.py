@@ -62,7 +62,7 @@ Matrix = list[list[float]]
 class _Fit:
     """A recursive least squares fit of the three costs, with its covariance."""
 
-    __slots__ = ("observations", "p", "theta")
+    __slots__ = ("_trace_cap", "observations", "p", "theta")
 
     def __init__(self, prior: Vector) -> None:
         self.theta: Vector = prior
@@ -75,6 +75,40 @@ class _Fit:
             for i in range(3)
         ]
         self.observations = 0
+        # the covariance's trace is capped at ten times the prior's (see `fold`)
+        self._trace_cap = 10.0 * sum(self.p[i][i] for i in range(3))
+
+    def fold(self, x: Vector, ttft_s: float, forgetting: float) -> None:
+        """One RLS step towards `ttft_s` at features `x`."""
+        lam = forgetting
+        p, theta = self.p, self.theta
+        px = [p[i][0] * x[0] + p[i][1] * x[1] + p[i][2] * x[2] for i in range(3)]
+        denominator = lam + x[0] * px[0] + x[1] * px[1] + x[2] * px[2]
+        gain = [v / denominator for v in px]
+        residual = ttft_s - (x[0] * theta[0] + x[1] * theta[1] + x[2] * theta[2])
+        updated = [theta[i] + gain[i] * residual for i in range(3)]
+        # P - P x x' P / denominator, computed once per pair and mirrored: in floating point
+        # the two halves drift apart, and divided by lam at every step the drift grows until P
+        # is no longer positive definite and the fit diverges (seen after ~7,000 TTFTs that
+        # the features explain poorly)
+        updated_p = [[0.0] * 3 for _ in range(3)]
+        for i in range(3):
+            for j in range(i, 3):
+                updated_p[i][j] = updated_p[j][i] = (p[i][j] - gain[i] * px[j]) / lam
+        # forgetting inflates P along directions the data never excites (a queue always
+        # empty): cap it so one odd observation cannot swing the model
+        cap = self._trace_cap
+        trace = updated_p[0][0] + updated_p[1][1] + updated_p[2][2]
+        if trace > cap:
+            updated_p = [[v * (cap / trace) for v in row] for row in updated_p]
+        self.p = updated_p
+        # costs are physical: never negative, and the prefill cost never collapses to zero
+        self.theta = (
+            max(updated[0], 0.0),
+            max(updated[1], 0.0),
+            max(updated[2], 1e-9 * _TOKEN_SCALE),
+        )
+        self.observations += 1
 
 
 class _EngineRatios:
@@ -91,7 +125,8 @@ class _EngineRatios:
 
 
 class TtftPredictor:
-    """Per-engine TTFT model: predict before routing, observe after the first token."""
+    """The fleet's TTFT model and each engine's factor: predict before routing, observe after
+    the first token."""
 
     def __init__(
         self,
@@ -108,11 +143,11 @@ class TtftPredictor:
             raise ValueError("forgetting must be in (0.5, 1]")
         self._prior: Vector = (base_s, queue_s_per_request, prefill_s_per_token * _TOKEN_SCALE)
         self._fleet = _Fit(self._prior)  # the fleet's costs, fitted on every engine's TTFTs
-        self._p0_trace = sum(self._fleet.p[i][i] for i in range(3))
         self.lower_tier_factor = lower_tier_factor
         self.forgetting = forgetting
         self._engines: dict[str, _EngineRatios] = {}
-        self._factors: dict[str, float] = {}  # engine -> its factor, shrunk towards 1
+        # engine -> its factor, shrunk towards 1: kept, as every decision reads every engine's
+        self._factors: dict[str, float] = {}
         self._tick = 0  # TTFTs measured across the fleet
         # squared relative errors of the predictions those TTFTs were measured against (each
         # |measured - predicted| / the larger of the two), with forgetting
@@ -203,7 +238,7 @@ class TtftPredictor:
         ttft_s: float,
         lower_tier_tokens: int = 0,
     ) -> None:
-        """Fold one measured TTFT into the engine's model (one RLS step)."""
+        """Fold one measured TTFT into the engine's factor and the fleet's fit."""
         if not (0.0 < ttft_s < 3600.0) or uncached_tokens < 0:
             return
         lam = self.forgetting
@@ -231,39 +266,7 @@ class TtftPredictor:
         ratios.last_tick = self._tick
         self._refresh_factors()
         # the fleet's costs learn from the TTFT as the engine's factor explains it
-        self._fold(fleet, x, ttft_s / self._factors.get(engine, 1.0))
-
-    def _fold(self, fit: _Fit, x: Vector, ttft_s: float) -> None:
-        """One RLS step of `fit` towards `ttft_s` at features `x`."""
-        lam = self.forgetting
-        p, theta = fit.p, fit.theta
-        px = [p[i][0] * x[0] + p[i][1] * x[1] + p[i][2] * x[2] for i in range(3)]
-        denominator = lam + x[0] * px[0] + x[1] * px[1] + x[2] * px[2]
-        gain = [v / denominator for v in px]
-        residual = ttft_s - (x[0] * theta[0] + x[1] * theta[1] + x[2] * theta[2])
-        updated = [theta[i] + gain[i] * residual for i in range(3)]
-        # P - P x x' P / denominator, computed once per pair and mirrored: in floating point
-        # the two halves drift apart, and divided by lam at every step the drift grows until P
-        # is no longer positive definite and the fit diverges (seen after ~7,000 TTFTs that
-        # the features explain poorly)
-        updated_p = [[0.0] * 3 for _ in range(3)]
-        for i in range(3):
-            for j in range(i, 3):
-                updated_p[i][j] = updated_p[j][i] = (p[i][j] - gain[i] * px[j]) / lam
-        # forgetting inflates P along directions the data never excites (a queue always
-        # empty): cap it so one odd observation cannot swing the model
-        cap = self._p0_trace * 10.0
-        trace = updated_p[0][0] + updated_p[1][1] + updated_p[2][2]
-        if trace > cap:
-            updated_p = [[v * (cap / trace) for v in row] for row in updated_p]
-        fit.p = updated_p
-        # costs are physical: never negative, and the prefill cost never collapses to zero
-        fit.theta = (
-            max(updated[0], 0.0),
-            max(updated[1], 0.0),
-            max(updated[2], 1e-9 * _TOKEN_SCALE),
-        )
-        fit.observations += 1
+        fleet.fold(x, ttft_s / self._factors.get(engine, 1.0), lam)
 
 
 @dataclass(frozen=True)
