@@ -145,9 +145,11 @@ async def relay_stream(
                     first_token()
             tail.feed(chunk)
             passed = chunk
-            # inline fast path: whole lines without usage pass as they came, no call, no copy
+            # inline fast path: whole events without usage pass as they came, no call, no copy
+            # (a chunk that ends inside an event, even between its two newlines, goes through
+            # the filter, which holds the rest until the event's end arrives)
             if usage_filter is not None and (
-                usage_filter.held or b'"usage"' in chunk or chunk[-1] != 10  # b"\n"
+                usage_filter.held or b'"usage"' in chunk or not chunk.endswith(b"\n\n")
             ):
                 passed = usage_filter.feed(chunk)
             if passed:

@@ -108,3 +108,59 @@ def test_a_usage_event_split_across_chunks_is_still_dropped() -> None:
         f = UsageChunkFilter()
         out = f.feed(stream[:cut]) + f.feed(stream[cut:]) + f.rest()
         assert out == content + b"data: [DONE]\n\n", cut
+
+
+async def test_the_relay_drops_a_usage_event_wherever_the_engine_splits_the_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The relay passes whole events through without the filter; a chunk that ends between an
+    event's two newlines must not, or the usage event after it takes the closing newline with
+    it and the client sees the last content event run into `[DONE]`."""
+    from hiveroute.engines.client import UpstreamAnswer
+    from hiveroute.gateway import proxy
+
+    content = b'data: {"choices": [{"text": "a"}]}\n\n'
+    usage = b'data: {"choices": [], "usage": {"prompt_tokens": 3}}\n\n'
+    stream = content + usage + b"data: [DONE]\n\n"
+
+    class Content:
+        def __init__(self, chunks: list[bytes]) -> None:
+            self.chunks = chunks
+
+        async def readany(self) -> bytes:
+            return self.chunks.pop(0) if self.chunks else b""
+
+    class Upstream:
+        status = 200
+        headers: dict[str, str] = {}
+
+        def __init__(self, chunks: list[bytes]) -> None:
+            self.content = Content(chunks)
+
+        def close(self) -> None:
+            pass
+
+    class Out:
+        def __init__(self) -> None:
+            self.written = b""
+
+        async def prepare(self, request: object) -> None:
+            pass
+
+        async def write(self, data: bytes) -> None:
+            self.written += data
+
+        async def write_eof(self) -> None:
+            pass
+
+    for cut in range(1, len(stream)):
+        answer = UpstreamAnswer(
+            engine=None,  # type: ignore[arg-type]
+            response=Upstream([stream[cut:]]),  # type: ignore[arg-type]
+            first_chunk=stream[:cut],
+            first_chunk_at=1.0,
+        )
+        monkeypatch.setattr(proxy.web, "StreamResponse", lambda **kw: Out())
+        out, result = await proxy.relay_stream(None, answer, {}, 0.5, drop_usage=True)  # type: ignore[arg-type]
+        assert out.written == content + b"data: [DONE]\n\n", cut  # type: ignore[attr-defined]
+        assert result.usage is not None and result.usage.prompt_tokens == 3
