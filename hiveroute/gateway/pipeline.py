@@ -231,8 +231,6 @@ class RequestPipeline:
             await policy.prepare(request, ex.state)
         answer = await self._send(ex, inbound, payload, headers, stream=stream)
         engine = answer.engine
-        if answer.is_stream and inbound.on_answer is not None:
-            await self._tell(inbound.on_answer, engine, answer.first_chunk)
         extra = {
             "X-Request-Id": ex.request_id,
             "X-Hiveroute-Engine": engine.name,
@@ -240,7 +238,11 @@ class RequestPipeline:
         }
         result = ex.result = RelayResult(status=499, error="client disconnected")
         response: web.StreamResponse | None = None
+        # from here on the engine counts this request in flight and its answer is open: every
+        # way out (a client gone while the adapter records the answer, too) uncounts and closes
         try:
+            if answer.is_stream and inbound.on_answer is not None:
+                await self._tell(inbound.on_answer, engine, answer.first_chunk)
             if answer.is_stream:
                 told = None
                 if ex.decided and api.first_token is not None:
@@ -265,6 +267,9 @@ class RequestPipeline:
         except (ConnectionResetError, OSError) as exc:  # the client went away mid-relay
             result.error = f"client disconnected: {type(exc).__name__}"
             answer.response.close()
+        except BaseException:  # cancelled (the client went away) or failed before the relay
+            answer.response.close()
+            raise
         finally:
             engine.load.in_flight -= 1
         if response is None:

@@ -310,3 +310,50 @@ async def test_a_client_leaving_a_stream_aborts_it_on_the_engine(
             break
         await asyncio.sleep(0.02)
     assert not engine.scheduler.running and engine.pool.usage() == 0.0
+
+
+async def test_a_client_gone_while_its_answer_is_recorded_leaves_nothing_in_flight(
+    sim_fleet: FleetFactory, router_factory: RouterFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A streamed Responses answer is recorded (its id -> engine) before it is relayed. A
+    client that goes away while that write waits cancels the handler there: the engine must
+    stop counting the request in flight, or it looks busier for good."""
+    from hiveroute.gateway.response_ids import ResponseIds
+
+    recording = asyncio.Event()
+
+    async def store_that_never_answers(
+        self: Any, tenant: Any, response_id: str, engine: str
+    ) -> None:
+        recording.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(ResponseIds, "record", store_that_never_answers)
+    fleet = await sim_fleet(engines=1)
+    r = await router_factory(urls(fleet))
+    [engine] = r.router.pool.engines
+    body = {
+        "model": fleet.config.model_name(),
+        "input": "hi",
+        "stream": True,
+        "max_output_tokens": 4,
+    }
+
+    async def client() -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{r.url}/v1/responses", json=body) as response,
+        ):
+            await response.read()
+
+    task = asyncio.create_task(client())
+    await asyncio.wait_for(recording.wait(), 60)
+    assert engine.load.in_flight == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(1000):  # the router hears the closed connection on its next loop turns
+        if engine.load.in_flight == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert engine.load.in_flight == 0
