@@ -398,7 +398,12 @@ class RequestPipeline:
             if ex.decision is not None and ex.decided:
                 self.policy.on_completed(request, outcome, ex.state)
             for hook in ex.hooked:
-                hook.after_complete(request, outcome)
+                try:
+                    hook.after_complete(request, outcome)
+                except Exception:  # the request is over: count and log it whatever a hook does
+                    log.exception(
+                        "request hook %s failed after %s", type(hook).__name__, ex.request_id
+                    )
         self._count(ex, outcome, result, usage)
         stream = bool(request.body.get("stream")) if request is not None else False
         if ex.span is not None:

@@ -146,13 +146,24 @@ class Policy:
             plugin.on_routed(request, engine, state)
 
     def on_first_token(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
+        """Every plugin hears the first token, even when one before it fails (logged): the
+        request is being served, and a plugin that missed it would keep its prefill counted
+        on the engine."""
         self._catch_up_with(state)
         for plugin in self.plugins:
-            plugin.on_first_token(request, engine, state)
+            try:
+                plugin.on_first_token(request, engine, state)
+            except Exception:
+                log.exception("policy %s: %s failed at a first token", self.name, plugin.name)
 
     def on_completed(
         self, request: RoutingRequest, outcome: RequestOutcome, state: CycleState
     ) -> None:
+        """Every plugin hears the end, even when one before it fails (logged): the request is
+        over either way, and what a plugin counted for it must be let go."""
         self._catch_up_with(state)
         for plugin in self.plugins:
-            plugin.on_completed(request, outcome, state)
+            try:
+                plugin.on_completed(request, outcome, state)
+            except Exception:
+                log.exception("policy %s: %s failed at a request's end", self.name, plugin.name)
