@@ -288,14 +288,17 @@ def learn_ttft(
 ) -> float | None:
     """Folds the request's measured TTFT into its engine's model; returns that TTFT, or None
     when there is nothing to learn from (not routed by the caller, failed, no first token, or
-    a non-streamed response longer than one token, whose time is the whole response's).
+    a non-streamed response not known to be one token long, whose time is the whole
+    response's).
 
     The engine's own usage (prompt less cached tokens) replaces the index's guess of the
     uncached tokens: the index may be a few events behind."""
     if routed is None or outcome.engine is None or not outcome.ok or outcome.ttft_s is None:
         return None
-    if not request.body.get("stream") and (outcome.completion_tokens or 0) > 1:
-        return None
+    if not request.body.get("stream") and (
+        outcome.completion_tokens is None or outcome.completion_tokens > 1
+    ):
+        return None  # a whole answer's time is its first token's only if it had one token
     uncached = routed.uncached_tokens
     if outcome.prompt_tokens is not None and outcome.cached_tokens is not None:
         uncached = max(0, outcome.prompt_tokens - outcome.cached_tokens)

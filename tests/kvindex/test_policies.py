@@ -193,6 +193,10 @@ async def test_failed_or_whole_responses_do_not_teach_the_predictor() -> None:
     whole = RoutingRequest("w", "/v1/completions", {"prompt": "x"}, RequestMetadata())
     _, state2 = await route(policy, pool, whole)
     policy.on_completed(whole, RequestOutcome(engine, 200, 3.0, completion_tokens=50), state2)
+    # a whole answer whose length is unknown (no usage in it) may be just as long
+    unknown = RoutingRequest("u", "/v1/completions", {"prompt": "x"}, RequestMetadata())
+    _, state3 = await route(policy, pool, unknown)
+    policy.on_completed(unknown, RequestOutcome(engine, 200, 3.0), state3)
     assert svc.costs.predictor.observations(engine.name) == 0
 
 
