@@ -306,7 +306,8 @@ class WorkflowPlacementScorer(Scorer):
         n = self.tokens(request, state)
         held: dict[str, CachedPrompt] = state.get(HELD_KEY) or {}
         found = held.get(engine.name) or self.known(request, state, engine)
-        self.ledger.routed(engine, n - found.tokens, state, load=priced_load(state, engine))
+        lower = min(found.lower_tokens, n)
+        self.ledger.routed(engine, n - found.tokens, state, lower, load=priced_load(state, engine))
         events = self.matcher.block_size(engine) is not None
         self.matcher.speculate(request, engine, state, None)  # siblings see it before events
         if not events:  # no events from this engine (yet): remember the decision instead

@@ -593,3 +593,21 @@ async def test_a_ttft_is_learned_against_the_load_the_decision_priced(scorer: st
     assert routed.queue_depth == 0.0  # the idle engine the price saw, not the request itself
     assert routed.backlog_tokens == 0.0
     assert svc.costs.backlog.of(decision.engine.name)[1] == 1  # and it is in the backlog
+
+
+@pytest.mark.parametrize("scorer", ["kv_ttft", "workflow_placement"])
+async def test_a_prompt_held_on_a_lower_tier_is_learned_against_as_one(scorer: str) -> None:
+    """Both pricing scorers learn a TTFT against the features they priced it with: blocks an
+    engine offloaded (CPU, LMCache) count as lower-tier tokens, not as nothing to prefill."""
+    pool, policy, svc = with_scorers(scorer)
+    tokens = BuiltinTokenizer().encode(PROMPT)
+    held = len(tokens) // BS * BS
+    for e in pool.engines:
+        offloaded = BlockStored(
+            list(range(1000, 1000 + held // BS)), None, tokens[:held], BS, "CPU"
+        )
+        svc.kv_index.apply(e.name, offloaded)
+    _, state = await route(policy, pool, request())
+    routed = state[ROUTED_KEY]
+    assert routed.lower_tier_tokens == held
+    assert routed.uncached_tokens == len(tokens) - held
