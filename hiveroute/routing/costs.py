@@ -34,6 +34,15 @@ class CostModel:
         """A ledger over this model's predictor and backlog (`drain_backlog`: backlog.py)."""
         return TtftLedger(self.predictor, self.backlog, drain_backlog=drain_backlog)
 
+    def forget(self, engine: str) -> None:
+        """The engine left the pool: drop what was learned of it, which would otherwise stay
+        for good (a pool that churns, as Kubernetes discovery's does, would grow it without
+        bound) and price an engine that returns under its name by its predecessor's cache.
+        Its backlog empties as its requests end."""
+        self.predictor.forget(engine)
+        self.live.forget(engine)
+        self.retention.forget(engine)
+
     def routing_cost(self, index: KvIndex, ledger: TtftLedger | None = None) -> RoutingCost:
         """The price of a prefill on each engine, over this model and the KV index (and a
         ledger of this model's, if the caller keeps one of its own)."""

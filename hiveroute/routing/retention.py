@@ -123,6 +123,12 @@ class Retention:
         self._found[engine].add(found, now, self.window_s)
         self._expected[engine].add(expected, now, self.window_s)
 
+    def forget(self, engine: str) -> None:
+        """The engine left the pool: what its cache kept says nothing of one that comes back
+        under its name."""
+        self._found.pop(engine, None)
+        self._expected.pop(engine, None)
+
     def kept(self, engine: str) -> float:
         """The share of returning blocks `engine` still held lately (1 until one came back)."""
         expected = self._expected.get(engine)

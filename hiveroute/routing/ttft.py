@@ -206,6 +206,12 @@ class TtftPredictor:
             return 0.0
         return math.sqrt(self._squared_error / self._error_weight)
 
+    def forget(self, engine: str) -> None:
+        """The engine left the pool: its factor goes, and it no longer counts in the fair
+        share by which the others' factors age."""
+        self._engines.pop(engine, None)
+        self._factors.pop(engine, None)
+
     def observations(self, engine: str) -> int:
         ratios = self._engines.get(engine)
         return ratios.observations if ratios else 0

@@ -611,3 +611,28 @@ async def test_a_prompt_held_on_a_lower_tier_is_learned_against_as_one(scorer: s
     routed = state[ROUTED_KEY]
     assert routed.lower_tier_tokens == held
     assert routed.uncached_tokens == len(tokens) - held
+
+
+def test_an_engine_that_leaves_the_pool_leaves_nothing_learned_of_it() -> None:
+    """What the router learned of an engine (its TTFT factor, its live blocks, what its cache
+    kept) goes with it: kept, it would grow with every engine a churning pool ever had, and an
+    engine back under the same name (restarted, its cache empty) would be priced as the old."""
+    from hiveroute.assembly import assemble
+    from hiveroute.config import RouterConfig
+    from hiveroute.kvindex.index import PrefixMatch
+
+    config = RouterConfig(engine=["http://127.0.0.1:8100", "http://127.0.0.1:8101"], policy="kv")
+    router = assemble(config.validate())
+    costs, name = router.costs, "127.0.0.1:8100"
+    for ttft_s in (0.05, 0.08, 0.3):
+        costs.predictor.observe(name, queue_depth=0, uncached_tokens=100, ttft_s=ttft_s)
+    costs.live.touch(name, [1, 2, 3])
+    costs.retention.placed(name, [1, 2, 3])
+    costs.retention.observe([1, 2, 3, 4], {name: PrefixMatch(BS, gpu_blocks=1)})  # 1 of 3 kept
+    assert costs.predictor.observations(name) == 3
+    assert costs.live.blocks(name) == 3 and costs.retention.kept(name) < 1.0
+
+    router.pool.remove(name)
+    assert costs.predictor.observations(name) == 0
+    assert costs.predictor.prefill_cost(name) == costs.predictor.prefill_cost("never seen")
+    assert costs.live.blocks(name) == 0 and costs.retention.kept(name) == 1.0
