@@ -11,7 +11,7 @@
   ``ceil(load_factor × average) + slack`` is not a candidate, so no engine is chosen for its
   cache when that makes it the bottleneck.
 
-Reasons (CycleState["reason"], counted in hiveroute_routing_decisions_total): `kv_hit` (the
+Reasons (`REASON_KEY`, counted in hiveroute_routing_decisions_total): `kv_hit` (the
 engine holding the most of the prompt), `kv_ttft_tradeoff` (one holding less cost the fleet
 less: load or a cache full of live contexts outweighed the hit), `kv_miss` (no engine holds
 any of it), `prefix_hit`, `prefix_miss`, `load_guard` (the engine with the best match was
@@ -81,6 +81,7 @@ class LoadGuardFilter(Filter):
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
     ) -> list[Engine]:
         if len(candidates) <= 1:
+            state[GUARD_EXCLUDED_KEY] = []  # not an earlier attempt's
             return candidates
         bound = self.bound(candidates)
         allowed = [e for e in candidates if e.load.queue_depth + 1 <= bound]

@@ -22,6 +22,8 @@ from hiveroute.routing.base import (
 )
 
 REASON_KEY: StateKey[str] = StateKey("reason")  # why the cycle chose as it did
+# the reason the plugins' `prepare` gave, if any, kept for the attempts after the first
+_PREPARED_REASON_KEY: StateKey[str | None] = StateKey("prepared_reason")
 
 log = logging.getLogger("hiveroute.routing")
 
@@ -33,7 +35,7 @@ class WeightedScorer:
 
 
 class Policy:
-    """Runs one routing cycle. Plugins record why they decided under `state["reason"]`."""
+    """Runs one routing cycle. Plugins record why they decided under `REASON_KEY`."""
 
     def __init__(
         self,
@@ -66,6 +68,16 @@ class Policy:
     ) -> Decision:
         if not candidates:
             raise NoEngineAvailable("no healthy engine can serve this request; try again shortly")
+        # every attempt (a retry elsewhere too) says why it chose: only a reason `prepare`
+        # gave outlives an attempt
+        if _PREPARED_REASON_KEY in state:
+            prepared = state[_PREPARED_REASON_KEY]
+            if prepared is None:
+                state.pop(REASON_KEY)
+            else:
+                state[REASON_KEY] = prepared
+        else:
+            state[_PREPARED_REASON_KEY] = state.get(REASON_KEY)
         remaining = candidates
         for f in self.filters:
             remaining = f.filter(request, remaining, state)

@@ -28,7 +28,7 @@ when the predicted cost says so. The hand-off from the parent's end to the subag
 measured (hiveroute_handoff_latency_seconds). Requests without a workflow or a parent are
 priced like any other.
 
-Reasons (CycleState["reason"]): workflow_new_home, workflow_home, workflow_spill (to an
+Reasons (`REASON_KEY`): workflow_new_home, workflow_home, workflow_spill (to an
 existing secondary home), workflow_new_spill (a new secondary home), workflow_none (no
 workflow id), workflow_home_moved (the home left the pool), subagent_parent (a request
 without a workflow placed on its parent's engine).

@@ -636,3 +636,17 @@ def test_an_engine_that_leaves_the_pool_leaves_nothing_learned_of_it() -> None:
     assert costs.predictor.observations(name) == 0
     assert costs.predictor.prefill_cost(name) == costs.predictor.prefill_cost("never seen")
     assert costs.live.blocks(name) == 0 and costs.retention.kept(name) == 1.0
+
+
+async def test_a_retry_elsewhere_says_why_it_chose_its_own_engine() -> None:
+    """The first attempt went to the engine holding the prompt (`kv_hit`); a retry among the
+    others, which hold nothing, is a `kv_miss`, not the first attempt's reason again."""
+    pool, policy, svc = make(2, "kv")
+    tokens = BuiltinTokenizer().encode(PROMPT)
+    cache_on(svc.kv_index, "127.0.0.1:8101", tokens)
+    req = request()
+    first, state = await route(policy, pool, req)
+    assert first.engine.name == "127.0.0.1:8101" and first.reason == "kv_hit"
+    others = [e for e in pool.candidates("m") if e is not first.engine]
+    retry = policy.decide(req, others, state)
+    assert retry.engine.name == "127.0.0.1:8100" and retry.reason == "kv_miss"
