@@ -19,6 +19,7 @@ from hiveroute.engines.engine import Engine
 from hiveroute.metadata import RequestMetadata
 
 if TYPE_CHECKING:
+    from hiveroute.kvindex.blocks import BlockKey
     from hiveroute.kvindex.tokenizer import Tokenizer
 
 
@@ -38,6 +39,18 @@ class ScorerCategory(enum.Enum):
 
 
 @dataclass
+class DerivedFromPrompt:
+    """What was derived from a request's prompt once, for every plugin and hook of it: a
+    16k-token prompt is tokenized and keyed once, not once per reader
+    (`routing/request_tokens.py` fills it)."""
+
+    # by tokenizer name; None: the prompt cannot be tokenized with it
+    token_ids: dict[str, list[int] | None] = field(default_factory=dict)
+    # by (block size, tokens keyed): a router tokenizes with one tokenizer
+    block_keys: dict[tuple[int, int], list[BlockKey]] = field(default_factory=dict)
+
+
+@dataclass
 class RoutingRequest:
     """What a policy may look at: the cleaned body, its metadata, and the endpoint path."""
 
@@ -51,9 +64,7 @@ class RoutingRequest:
     prompt: Callable[[Tokenizer, dict[str, Any]], list[int]] | None = field(
         default=None, compare=False, repr=False
     )
-    # What was derived from the body once (its token ids per tokenizer), for every plugin and
-    # hook of this request: a 16k-token prompt is tokenized once, not once per reader.
-    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    derived: DerivedFromPrompt = field(default_factory=DerivedFromPrompt, compare=False, repr=False)
 
     @property
     def model(self) -> str | None:
@@ -70,9 +81,9 @@ D = TypeVar("D")
 
 
 class StateKey(Generic[T]):
-    """A typed slot in a CycleState (llm-d's StateKey). The module that declares a key owns it:
-    it writes the slot, and others read it through the key object, never by a string, so two
-    plugins cannot collide on a name and a reader gets the writer's type."""
+    """A typed slot in a CycleState (llm-d's StateKey), declared once, beside what fills it.
+    Plugins read and write the slot through the key object, never by a string, so two plugins
+    cannot collide on a name and a reader gets the writer's type."""
 
     __slots__ = ("name",)
 

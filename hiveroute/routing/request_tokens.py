@@ -36,19 +36,21 @@ def request_token_ids(
 
 
 def prompt_tokens_of(request: RoutingRequest, tokenizer: Tokenizer) -> list[int] | None:
-    """The prompt's token ids, tokenized once per request and tokenizer (`request.memo`);
+    """The prompt's token ids, tokenized once per request and tokenizer (`request.derived`);
     None when the prompt cannot be tokenized here."""
-    key = f"token_ids:{tokenizer.name}"
-    if key not in request.memo:
-        try:
-            if request.prompt is not None:  # another API: its adapter knows its prompt
-                request.memo[key] = request.prompt(tokenizer, request.body)
-            else:
-                request.memo[key] = prompt_token_ids(tokenizer, request.path, request.body)
-        except (HiverouteError, ValueError, TypeError) as exc:
-            log.debug("cannot tokenize request %s: %s", request.request_id, exc)
-            request.memo[key] = None
-    tokens: list[int] | None = request.memo[key]
+    known = request.derived.token_ids
+    if tokenizer.name in known:
+        return known[tokenizer.name]
+    tokens: list[int] | None
+    try:
+        if request.prompt is not None:  # another API: its adapter knows its prompt
+            tokens = request.prompt(tokenizer, request.body)
+        else:
+            tokens = prompt_token_ids(tokenizer, request.path, request.body)
+    except (HiverouteError, ValueError, TypeError) as exc:
+        log.debug("cannot tokenize request %s: %s", request.request_id, exc)
+        tokens = None
+    known[tokenizer.name] = tokens
     return tokens
 
 
@@ -71,16 +73,17 @@ def request_block_keys(
 def prompt_block_keys(
     request: RoutingRequest, tokenizer: Tokenizer, block_size: int
 ) -> list[BlockKey] | None:
-    """The prompt's block keys, computed once per request and block size (`request.memo`), so
-    workflow accounting after the response reuses the keys routing computed; None when the
-    prompt cannot be tokenized here."""
+    """The prompt's block keys, computed once per request and block size
+    (`request.derived`), so workflow accounting after the response reuses the keys routing
+    computed; None when the prompt cannot be tokenized here."""
     tokens = prompt_tokens_of(request, tokenizer)
     return None if tokens is None else _memo_keys(request, tokens, block_size)
 
 
 def _memo_keys(request: RoutingRequest, tokens: list[int], block_size: int) -> list[BlockKey]:
-    key = f"block_keys:{block_size}:{len(tokens)}"
-    keys: list[BlockKey] | None = request.memo.get(key)
+    known = request.derived.block_keys
+    keys = known.get((block_size, len(tokens)))
     if keys is None:
-        keys = request.memo[key] = prefix_block_keys(tokens, block_size, salt=cache_salt(request))
+        keys = prefix_block_keys(tokens, block_size, salt=cache_salt(request))
+        known[block_size, len(tokens)] = keys
     return keys
