@@ -55,7 +55,6 @@ from hiveroute.routing.ttft_ledger import TtftLedger
 
 # the engines the guard removed this cycle
 GUARD_EXCLUDED_KEY: StateKey[list[Engine]] = StateKey("load_guard_excluded")
-TTFT_KEY: StateKey[dict[str, float]] = StateKey("predicted_ttft")  # engine name -> seconds
 # the `prefix` policy's matches in its own approximate index (apart from the KV index's)
 APPROX_MATCH_KEY: StateKey[dict[str, PrefixMatch]] = StateKey("approx_prefix_match")
 
@@ -85,7 +84,7 @@ class LoadGuardFilter(Filter):
             return candidates
         bound = self.bound(candidates)
         allowed = [e for e in candidates if e.load.queue_depth + 1 <= bound]
-        if not allowed:  # cannot happen for load_factor >= 1, but never strand a request
+        if not allowed:  # queue depths count other routers' load (fractional): never strand
             allowed = [min(candidates, key=lambda e: e.load.queue_depth)]
         state[GUARD_EXCLUDED_KEY] = [e for e in candidates if e not in allowed]
         return allowed
@@ -246,7 +245,6 @@ class KvTtftScorer(_CacheScorer):
         costs = [self.cost.price(e, n_tokens, priced[e.name]) for e in candidates]
         chosen = self.cost.cheapest(costs)
         state[PRICES_KEY] = costs
-        state.setdefault(TTFT_KEY, {}).update({c.engine.name: c.ttft_s for c in costs})
         most = min(held[holder.name].tokens, n_tokens)
         chosen_held = min(held[chosen.engine.name].tokens, n_tokens)
         if tokens is None:

@@ -7,10 +7,12 @@ The router sends a request to the engine where it costs the fleet least, in seco
                            prefilled, and its own uncached tokens, at e's learned prefill cost
             + delay(e)     the engine time its prefill takes from others: each request decoding
                            on e waits for the prefill's tokens, and so does the next to arrive
-                           (uncached × cost × (decoding + 1))
+                           (its prefill's time × (decoding + 1); lower-tier tokens count at
+                           the fraction of a recompute that loading them back costs)
             + evict(e)     what others will prefill again because its writes push their blocks
-                           out of e's cache: uncached × cost × the live share of e's cache (the
-                           chance that an evicted block belonged to a context still in use)
+                           out of e's cache: the tokens it writes (uncached, and lower-tier ones
+                           loaded back) × cost × the live share of e's cache (the chance that
+                           an evicted block belonged to a context still in use)
             + lost(e)      what this context will prefill again because e's cache drops it
                            before it comes back: prompt × cost × the share of returning blocks
                            e lately no longer held × how many times a context comes back

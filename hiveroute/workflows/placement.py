@@ -73,7 +73,6 @@ MEMORY_KEY: StateKey[dict[str, PrefixMatch]] = StateKey("workflow_decision_memor
 # engine name -> what the last decision expected it to hold of the prompt
 HELD_KEY: StateKey[dict[str, CachedPrompt]] = StateKey("workflow_expected_held")
 # engine name -> predicted TTFT, as this scorer saw them (for logs and tests)
-PREDICTED_KEY: StateKey[dict[str, float]] = StateKey("workflow_predicted_ttft")
 # the request's parent (a subagent's), as this router last saw it placed
 PARENT_KEY: StateKey[Seen | None] = StateKey("workflow_parent")
 
@@ -139,7 +138,7 @@ class WorkflowPlacementScorer(Scorer):
         state[PARENT_KEY] = self.parents.parent_of(request.metadata, request.tenant)
         name = request.metadata.workflow_id
         service = self.service
-        if name is None or service is None:
+        if name is None:
             return
         view = await service.registry.view(scoped(request.tenant, name))
         if view is None:
@@ -298,7 +297,6 @@ class WorkflowPlacementScorer(Scorer):
         else:
             reason = "workflow_new_spill"
         state.setdefault(REASON_KEY, reason)
-        state[PREDICTED_KEY] = {c.engine.name: c.ttft_s for c in costs}
         return scores_from_costs(costs, chosen)
 
     def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
@@ -328,10 +326,10 @@ class WorkflowPlacementScorer(Scorer):
             Parents.own_keys(meta, request.request_id, request.tenant), engine.name, chain
         )
         parent: Seen | None = state.get(PARENT_KEY)
-        if view is None and service is not None and parent is not None and parent.ended_at:
+        if view is None and parent is not None and parent.ended_at:
             # a workflow's hand-offs are measured by its registry; this request has none
             service.metrics.handoff.observe(max(0.0, time.time() - parent.ended_at))
-        if view is not None and service is not None and engine.name not in view.engines:
+        if view is not None and engine.name not in view.engines:
             view.secondaries.append(engine.name)  # visible to the next sibling at once
             service.spawn(service.registry.add_secondary(view, engine.name))
 

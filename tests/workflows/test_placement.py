@@ -17,7 +17,7 @@ from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, RequestOutcome, RoutingRequest
 from hiveroute.routing.cost import PRICES_KEY
 from hiveroute.routing.request_tokens import TOKEN_IDS_KEY
-from hiveroute.workflows.placement import PREDICTED_KEY, WorkflowPlacementScorer
+from hiveroute.workflows.placement import WorkflowPlacementScorer
 from hiveroute.workflows.service import WorkflowService
 
 SHARED = "shared context words. " * 400
@@ -370,7 +370,7 @@ async def test_a_backlog_counts_as_drained_at_the_engines_prefill_rate(drain: bo
         probe = request(None, "x", "probe")
         await router.policy.prepare(probe, state)
         router.policy.choose(probe, router.pool.candidates(None), state)
-        return dict(state[PREDICTED_KEY])
+        return {c.engine.name: c.ttft_s for c in state[PRICES_KEY]}
 
     before = await predicted()
     assert before[a.name] > 2 * before[b.name]  # 80k tokens to prefill first
