@@ -38,7 +38,6 @@ from hiveroute.routing.cost import (
     PRICES_KEY,
     CachedPrompt,
     RoutingCost,
-    priced_load,
     scores_from_costs,
 )
 from hiveroute.routing.live_set import LiveSet
@@ -261,18 +260,16 @@ class KvTtftScorer(_CacheScorer):
         return scores_from_costs(costs, chosen)
 
     def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
-        m = self.match(request, engine, state)
         tokens = self.matcher.tokens(request, state)
-        n_tokens = len(tokens) if tokens else 0
-        lower = min(m.lower_tokens, n_tokens)
-        load = priced_load(state, engine)
-        self.ledger.routed(engine, n_tokens - m.tokens, state, lower, load=load)
-        size = self.matcher.block_size(engine)
-        if tokens and size is not None:
-            keys = request_block_keys(request, state, tokens, size)
-            matches: dict[str, PrefixMatch] = state.get(PREFIX_MATCH_KEY, {})
-            shared = reused_blocks(tokens, size)
-            self.cost.routed(engine, keys, matches, state, shared_blocks=shared)
+        self.cost.request_routed(
+            request,
+            engine,
+            state,
+            n_tokens=len(tokens) if tokens else 0,
+            held=self.cached(request, engine, state),
+            tokens=tokens,
+            block_size=self.matcher.block_size(engine),
+        )
         if self.speculative:
             self.matcher.speculate(request, engine, state, None)
 

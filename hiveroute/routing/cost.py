@@ -74,8 +74,10 @@ from dataclasses import dataclass
 from hiveroute.engines.engine import Engine
 from hiveroute.kvindex.blocks import BlockKey
 from hiveroute.kvindex.index import KvIndex, PrefixMatch
-from hiveroute.routing.base import CycleState, StateKey
+from hiveroute.kvindex.prefix_cache import reused_blocks
+from hiveroute.routing.base import CycleState, RoutingRequest, StateKey
 from hiveroute.routing.live_set import LiveSet
+from hiveroute.routing.request_tokens import PREFIX_MATCH_KEY, request_block_keys
 from hiveroute.routing.retention import Retention
 from hiveroute.routing.sharing import SharedPrefixes
 from hiveroute.routing.ttft_ledger import EngineLoad, TtftLedger
@@ -227,6 +229,30 @@ class RoutingCost:
         equal = [c for c in costs if c.total_s <= bound]
         order = {name: i for i, name in enumerate(prefer)}
         return min(equal, key=lambda c: c.rank(order.get(c.engine.name, len(order))))
+
+    def request_routed(
+        self,
+        request: RoutingRequest,
+        engine: Engine,
+        state: CycleState,
+        *,
+        n_tokens: int,
+        held: CachedPrompt,
+        tokens: list[int] | None,
+        block_size: int | None,
+    ) -> None:
+        """What every pricing scorer records of a request it sent to `engine`, one way for
+        all: the ledger learns its TTFT against what its price counted (its uncached and
+        lower-tier tokens, of `n_tokens`, and the load the price read), and its blocks, in
+        `block_size` (None: unknown there), are live on `engine` (`routed`)."""
+        lower = min(held.lower_tokens, n_tokens)
+        load = priced_load(state, engine)
+        self.ledger.routed(engine, n_tokens - held.tokens, state, lower, load=load)
+        if tokens and block_size is not None:
+            keys = request_block_keys(request, state, tokens, block_size)
+            matches: dict[str, PrefixMatch] = state.get(PREFIX_MATCH_KEY, {})
+            shared = reused_blocks(tokens, block_size)
+            self.routed(engine, keys, matches, state, shared_blocks=shared)
 
     def routed(
         self,

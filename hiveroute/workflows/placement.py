@@ -41,7 +41,6 @@ import time
 from hiveroute.engines.engine import Engine
 from hiveroute.kvindex.blocks import BlockKey
 from hiveroute.kvindex.index import PrefixMatch
-from hiveroute.kvindex.prefix_cache import reused_blocks
 from hiveroute.routing.base import (
     CycleState,
     RequestOutcome,
@@ -51,10 +50,10 @@ from hiveroute.routing.base import (
     StateKey,
 )
 from hiveroute.routing.cache_aware import PrefixMatcher, decision_memory
-from hiveroute.routing.cost import PRICES_KEY, CachedPrompt, priced_load, scores_from_costs
+from hiveroute.routing.cost import PRICES_KEY, CachedPrompt, scores_from_costs
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.registry import PluginContext
-from hiveroute.routing.request_tokens import PREFIX_MATCH_KEY, TOKEN_IDS_KEY, request_block_keys
+from hiveroute.routing.request_tokens import TOKEN_IDS_KEY, request_block_keys
 from hiveroute.workflows.parents import (
     PARENT_BLOCK,
     Parents,
@@ -304,19 +303,20 @@ class WorkflowPlacementScorer(Scorer):
         n = self.tokens(request, state)
         held: dict[str, CachedPrompt] = state.get(HELD_KEY) or {}
         found = held.get(engine.name) or self.known(request, state, engine)
-        lower = min(found.lower_tokens, n)
-        self.ledger.routed(engine, n - found.tokens, state, lower, load=priced_load(state, engine))
         events = self.matcher.block_size(engine) is not None
         self.matcher.speculate(request, engine, state, None)  # siblings see it before events
         if not events:  # no events from this engine (yet): remember the decision instead
             self.memory.speculate(request, engine, state, None)
         tokens = state.get(TOKEN_IDS_KEY)
-        size = (self.matcher if events else self.memory).block_size(engine)
-        if isinstance(tokens, list) and tokens and size is not None:
-            keys = request_block_keys(request, state, tokens, size)
-            matches: dict[str, PrefixMatch] = state.get(PREFIX_MATCH_KEY, {})
-            shared = reused_blocks(tokens, size)
-            self.cost.routed(engine, keys, matches, state, shared_blocks=shared)
+        self.cost.request_routed(
+            request,
+            engine,
+            state,
+            n_tokens=n,
+            held=found,
+            tokens=tokens if isinstance(tokens, list) else None,
+            block_size=(self.matcher if events else self.memory).block_size(engine),
+        )
         service = self.service
         meta = request.metadata
         chain = self._chain(request, state, tokens) if isinstance(tokens, list) else []
