@@ -1,4 +1,5 @@
-"""The router's one TTFT cost model: what every predicting plugin (kv, workflow) shares.
+"""What every pricing plugin (kv, workflow) shares: the records a price is computed from
+(`routing/cost.py` computes it).
 
 One predictor learns each engine's prefill cost, one backlog counts the prefill work routed to
 each engine, one live set remembers which blocks each engine wrote lately, one retention record

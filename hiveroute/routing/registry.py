@@ -14,6 +14,7 @@ can copy one into the config file and change a weight:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -151,10 +152,15 @@ def build_policy(
     if spec is None:
         raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(sorted(specs))}")
     where = f"policy {name!r}"
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{where}: expected {{filters: [...], scorers: [...], picker: ...}}")
+    for part in ("filters", "scorers"):
+        if not isinstance(spec.get(part, []), list):
+            raise ConfigError(f"{where}: {part} must be a list of plugins")
     filters = [_build_plugin(s, ctx, f"{where} filters", plugins) for s in spec.get("filters", [])]
     scorers: list[WeightedScorer] = []
     for s in spec.get("scorers", []):
-        weight = float(s.get("weight", 1.0)) if isinstance(s, Mapping) else 1.0
+        weight = _weight(s.get("weight", 1.0), where) if isinstance(s, Mapping) else 1.0
         scorers.append(
             WeightedScorer(
                 _check(_build_plugin(s, ctx, f"{where} scorers", plugins), Scorer, where), weight
@@ -172,6 +178,13 @@ def build_policy(
         picker=picker,
         default_reason=str(spec.get("default_reason", "best_score")),
     )
+
+
+def _weight(value: Any, where: str) -> float:
+    """A scorer's weight: a finite number, not below zero."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ConfigError(f"{where} scorers: a weight must be a number >= 0, got {value!r}")
+    return float(value)
 
 
 def _check(plugin: Plugin, kind: type[T], where: str) -> T:

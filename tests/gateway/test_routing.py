@@ -97,6 +97,15 @@ def test_custom_policy_from_spec_and_errors() -> None:
         build_policy("x", PluginContext(pool), {"x": {"picker": "load"}})
     with pytest.raises(ConfigError, match="bad parameters"):
         build_policy("x", PluginContext(pool), {"x": {"scorers": [{"name": "load", "speed": 1}]}})
+    # a spec of the wrong shape is a ConfigError that says what is expected, not a traceback
+    with pytest.raises(ConfigError, match="expected"):
+        build_policy("x", PluginContext(pool), {"x": "load"})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match="scorers must be a list"):
+        build_policy("x", PluginContext(pool), {"x": {"scorers": {"name": "load"}}})
+    for weight in ("heavy", -1, float("nan"), True):
+        with pytest.raises(ConfigError, match="weight must be a number"):
+            spec = {"x": {"scorers": [{"name": "load", "weight": weight}]}}
+            build_policy("x", PluginContext(pool), spec)
 
 
 def test_no_candidates_is_no_engine_available() -> None:
