@@ -65,11 +65,14 @@ class Authenticator:
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token:
             return None
-        token = token.strip()
-        if self._admin_key is not None and hmac.compare_digest(token, self._admin_key):
+        # compared as bytes: compare_digest refuses str that is not ASCII, and a key sent in
+        # any other characters is simply unknown (a 401), not a failure of the router
+        sent = token.strip().encode("utf-8", "surrogateescape")
+        admin = self._admin_key
+        if admin is not None and hmac.compare_digest(sent, admin.encode("utf-8")):
             return Principal(tenant=None, is_admin=True)
         for key, tenant in self._keys.items():
-            if hmac.compare_digest(token, key):
+            if hmac.compare_digest(sent, key.encode("utf-8")):
                 return Principal(tenant=tenant, is_admin=False)
         return None
 

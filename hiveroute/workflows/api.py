@@ -78,7 +78,9 @@ async def list_workflows(request: web.Request) -> web.Response:
     raw = request.query.get("limit")
     limit = None
     if raw is not None:
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST_LIMIT:
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or not (
+            1 <= int(raw) <= MAX_LIST_LIMIT
+        ):
             raise BadRequest(f"'limit' must be an integer 1..{MAX_LIST_LIMIT}", param="limit")
         limit = int(raw)
     summaries, total = await service.registry.summaries(_tenant(request), limit=limit)

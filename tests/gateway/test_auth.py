@@ -27,7 +27,8 @@ async def test_keys_are_required_and_map_to_tenants(
     )
     url = f"{router.url}/v1/completions"
     body = {"model": "m", "prompt": "p", "cache_salt": "chosen-by-client"}
-    for headers in ({}, bearer("wrong-key-0000"), {"Authorization": "Basic abc"}):
+    not_ascii = {"x-api-key": "kéy-tenant-a-000"}  # compare_digest refuses such a str
+    for headers in ({}, bearer("wrong-key-0000"), {"Authorization": "Basic abc"}, not_ascii):
         resp = await http.post(url, json=body, headers=headers)
         assert resp.status == 401
         assert "Bearer" in (await resp.json())["error"]["message"]

@@ -41,7 +41,7 @@ async def test_the_list_api_takes_a_limit(
     assert status == 200 and page["total"] == 5
     assert page["data"][0]["id"] == "wf-000"  # active, most recent first
     assert len(page["data"]) == 3 and "wf-004" not in {w["id"] for w in page["data"]}  # ended
-    for bad in ("0", "-1", "x", "10001"):
+    for bad in ("0", "-1", "x", "10001", "%C2%B2", "9" * 5000):  # "²" is a digit to str
         status, err = await get(http, f"{r.url}/v1/workflows?limit={bad}")
         assert status == 400 and err["error"]["param"] == "limit"
 
