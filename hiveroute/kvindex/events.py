@@ -104,10 +104,22 @@ def _checked(
     value: list[Any] | tuple[Any, ...], types: frozenset[type], each: Callable[[Any], Any]
 ) -> list[Any]:
     """`value` as a list: as it is when every element's type is in `types` (one C-level
-    pass), else each element through `each` (which converts or refuses it)."""
+    pass), else each element through `each` (which converts it or raises EventDecodeError)."""
     if types.issuperset(map(type, value)):
         return value if type(value) is list else list(value)
     return [each(v) for v in value]
+
+
+def _token(value: Any) -> int:
+    """A token id msgpack gave as another type than int: an integral float (or a bool) is
+    taken as its integer; anything else (None, a string, 2.5) refuses the event."""
+    try:
+        token = int(value)
+    except (TypeError, ValueError, OverflowError):
+        token = None
+    if token is None or token != value:
+        raise EventDecodeError(f"token ids must be integers, got {value!r:.40}")
+    return token
 
 
 def _hashes(value: Any) -> list[EngineHash]:
@@ -125,7 +137,7 @@ def _stored(fields: dict[str, Any]) -> BlockStored:
     size = fields.get("block_size")
     if not isinstance(tokens, (list, tuple)) or not isinstance(size, int) or size <= 0:
         raise EventDecodeError("BlockStored needs token_ids (list) and block_size (int > 0)")
-    token_ids = _checked(tokens, _TOKEN_TYPES, int)
+    token_ids = _checked(tokens, _TOKEN_TYPES, _token)
     if not keyable(token_ids):
         raise EventDecodeError("BlockStored token_ids must be from 0 to 2**64 - 1")
     parent = fields.get("parent_block_hash")
@@ -187,11 +199,23 @@ def decode_payload(seq: int, payload: bytes) -> EventBatch:
     """A batch from its msgpack payload ``[ts, [events...], dp_rank?]``."""
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+    except (
+        ValueError,
+        TypeError,
+        msgpack.ExtraData,
+        msgpack.FormatError,
+        msgpack.StackError,
+    ) as exc:
+        # TypeError: a map whose key is a list or a map (unhashable)
         raise EventDecodeError(f"payload is not msgpack: {exc}") from None
     if not isinstance(raw, (list, tuple)) or len(raw) < 2 or not isinstance(raw[1], list):
         raise EventDecodeError("payload must be [ts, [events...], dp_rank]")
-    events, count = _decode_events(raw[1])
+    try:
+        events, count = _decode_events(raw[1])
+    except EventDecodeError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:  # a shape the checks did not foresee
+        raise EventDecodeError(f"malformed event: {type(exc).__name__}: {exc}") from None
     rank = raw[2] if len(raw) > 2 and isinstance(raw[2], int) else None
     ts = float(raw[0]) if isinstance(raw[0], (int, float)) else 0.0
     return EventBatch(seq=seq, ts=ts, events=events, dp_rank=rank, count=count)

@@ -162,6 +162,7 @@ class KvEventSubscriber:
         backoff = 0.1
         loop = asyncio.get_running_loop()
         while True:
+            applied = self.stats.batches
             try:
                 self._socket = self._open_socket()
                 assert self._monitor is not None
@@ -178,6 +179,8 @@ class KvEventSubscriber:
             except Exception:  # a bug or a broken socket must not end the subscription
                 log.exception("KV-event subscriber for %s failed; reconnecting", self.engine)
                 self._close_socket()
+                if self.stats.batches > applied:  # the connection worked: start the wait anew
+                    backoff = 0.1
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
@@ -235,6 +238,8 @@ class KvEventSubscriber:
                         await self.resync(reconnected=disconnected)
                     except zmq.ZMQError as exc:
                         log.warning("resync with %s failed: %s", self.engine, exc)
+                    except Exception:  # a bug must not end this connection's resyncs
+                        log.exception("resync with %s failed", self.engine)
                     disconnected = False
                     self.synced.set()
         except zmq.ZMQError:  # the monitor was closed under us: the socket is going away

@@ -104,6 +104,13 @@ def test_cache_salt_is_read_from_the_first_blocks_extra_keys() -> None:
         [b"topic", b"\x00" * 8, msgpack.packb([0.0, [42], 0])],
         [b"topic", b"\x00" * 8, msgpack.packb([0.0, [{"type": "BlockStored"}], 0])],
         [b"topic", b"\x00" * 8, msgpack.packb([0.0, [["BlockRemoved", "nope"]], 0])],
+        # token ids that are not integers, and a map keyed by a list (unhashable): each raised
+        # a TypeError or ValueError that the subscriber took for a broken socket
+        *(
+            encode_message(0, [_dict_stored(token_ids=[1, 2, 3, 4, 5, 6, 7, bad])])
+            for bad in (None, "x", 2.5, float("nan"), float("inf"))
+        ),
+        [b"topic", b"\x00" * 8, b"\x92\x00\x91\x81\x91\x01\x01"],
     ],
 )
 def test_malformed_messages_raise_a_decode_error(frames: list[bytes]) -> None:

@@ -159,6 +159,33 @@ async def test_garbage_is_counted_and_skipped(ctx: zmq.asyncio.Context) -> None:
         await pub.close()
 
 
+async def test_a_batch_of_malformed_events_is_counted_and_the_subscription_goes_on(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    """Token ids that are not integers (a publisher's bug) raised a TypeError that the
+    subscriber took for a broken socket: it reconnected, and its resync, replaying the same
+    batch, died. Now the batch is a decode error like any other: skipped live, skipped in the
+    replay that the gap it leaves asks for, and the engine's entries rebuilt from there."""
+    pub = FakePublisher(ctx)
+    index = KvIndex()
+    sub = await _subscribe(ctx, pub, index)
+    try:
+        await pub.publish([stored([1], list(range(4)))])
+        await pub.publish(
+            [{**stored([2], list(range(4, 8)), parent=1), "token_ids": [4, None, 6, 7]}]
+        )
+        await pub.publish([stored([3], list(range(8, 12)))])
+        await wait_until(lambda: sub.stats.last_seq == 2)
+        assert sub.stats.decode_errors == 2  # live, then in the replay
+        assert sub.stats.gaps_dropped == 1 and index.engine_hashes("e1") == {3}
+        await pub.publish([stored([4], list(range(12, 16)), parent=3)])
+        await wait_until(lambda: sub.stats.last_seq == 3)
+        assert index.engine_hashes("e1") == {3, 4}
+    finally:
+        await sub.stop()
+        await pub.close()
+
+
 async def test_a_backlog_of_messages_leaves_room_for_other_tasks(ctx: zmq.asyncio.Context) -> None:
     """Messages that are already waiting are read without the event loop running anything
     else in between; an engine's burst of evictions must not hold up the requests the router
