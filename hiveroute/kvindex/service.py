@@ -126,6 +126,7 @@ class KvEventService:
         subscriber = self.subscribers.pop(name, None)
         self.staleness.forget(name)
         if subscriber is not None:
+            subscriber.detach()  # at once: the caller clears the engine's entries next
             task = asyncio.get_running_loop().create_task(subscriber.stop())
             self._stopping.add(task)
             task.add_done_callback(self._stopping.discard)
@@ -138,9 +139,9 @@ class KvEventService:
         self._subscribe(engine)
 
     def _on_removed(self, engine: Engine) -> None:
-        self.index.remove_engine(engine.name)
         if self._context is not None:
-            self._unsubscribe(engine.name)
+            self._unsubscribe(engine.name)  # first: its subscriber must not write after this
+        self.index.remove_engine(engine.name)
 
 
 class KvIndexCollector:

@@ -91,6 +91,7 @@ class KvEventSubscriber:
         )
         self._reading: asyncio.Task[None] | None = None  # a message on the async path
         self._failed: asyncio.Future[None] | None = None  # the reader's error ends `_run`'s wait
+        self._detached = False  # see `detach`
         self.connected = asyncio.Event()  # set once the SUB socket is connected
         self.synced = asyncio.Event()  # set once the first connection's catch-up is done
 
@@ -103,7 +104,15 @@ class KvEventSubscriber:
                 self._run(), name=f"kv-events-{self.engine}"
             )
 
+    def detach(self) -> None:
+        """Write nothing more to the index, from now on: the engine left the pool or was
+        replaced under its name, and its entries are cleared right after. `stop` (which
+        awaits) closes the sockets later; until then a batch read or a replay answered would
+        bring the old engine's entries back."""
+        self._detached = True
+
     async def stop(self) -> None:
+        self.detach()
         for task in (self._monitor_task, self._task):
             if task is not None:
                 task.cancel()
@@ -253,7 +262,7 @@ class KvEventSubscriber:
                 if reconnected and expected is not None:
                     # batches may have gone by while we were away and nothing can replay them
                     self.stats.gaps_dropped += 1
-                    self.index.clear_engine(self.engine)
+                    self._clear()
                 return
             if expected is not None and expected > 0:
                 batches = await self._replay(expected - 1)
@@ -269,9 +278,14 @@ class KvEventSubscriber:
             if everything:  # all the buffer still holds (a long-lived engine's recent past)
                 self._apply_run(everything, everything[0].seq)
 
+    def _clear(self) -> None:
+        """Drop the engine's entries (a restart, or events lost beyond replay)."""
+        if not self._detached:
+            self.index.clear_engine(self.engine)
+
     def _restarted(self) -> None:
         """A new publisher: the engine's cache is new, and its sequence starts again at 0."""
-        self.index.clear_engine(self.engine)
+        self._clear()
         self._expected = 0
         self._last_ts = None
         self._recent.clear()
@@ -339,6 +353,8 @@ class KvEventSubscriber:
         return expected
 
     def _apply(self, batch: EventBatch) -> None:
+        if self._detached:
+            return
         for event in batch.events:
             self.index.apply(self.engine, event)
         self.stats.batches += 1
@@ -367,7 +383,7 @@ class KvEventSubscriber:
                     upto - 1,
                     self.engine,
                 )
-                self.index.clear_engine(self.engine)
+                self._clear()
             # joining late with a partial buffer: use what there is
         for batch in wanted:
             self._apply(batch)

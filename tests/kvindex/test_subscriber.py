@@ -186,6 +186,26 @@ async def test_a_batch_of_malformed_events_is_counted_and_the_subscription_goes_
         await pub.close()
 
 
+async def test_a_detached_subscriber_writes_nothing_more(ctx: zmq.asyncio.Context) -> None:
+    """An engine that left the pool has its entries cleared while its subscriber is still
+    stopping: a batch read then must not bring them back (a ghost engine in the index)."""
+    pub = FakePublisher(ctx)
+    index = KvIndex()
+    sub = await _subscribe(ctx, pub, index)
+    try:
+        await pub.publish([stored([1], list(range(4)))])
+        await wait_until(lambda: sub.stats.last_seq == 0)
+        sub.detach()
+        index.remove_engine("e1")  # as the KV event service does next
+        await pub.publish([stored([2], list(range(4, 8)), parent=1)])
+        await pub.pub.send_multipart([b"kv-events", b"\x00" * 8, b"\xc1"])  # read after it
+        await wait_until(lambda: sub.stats.decode_errors == 1)
+        assert "e1" not in index.engines() and len(index) == 0
+    finally:
+        await sub.stop()
+        await pub.close()
+
+
 async def test_a_backlog_of_messages_leaves_room_for_other_tasks(ctx: zmq.asyncio.Context) -> None:
     """Messages that are already waiting are read without the event loop running anything
     else in between; an engine's burst of evictions must not hold up the requests the router
