@@ -124,6 +124,8 @@ class EngineClient:
                     headers=self.headers(headers),
                     timeout=timeout,
                 )
+        except aiohttp.ConnectionTimeoutError:  # (a TimeoutError too) no answer to connecting
+            raise EngineUnreachable(f"{engine.name}: connecting timed out") from None
         except TimeoutError:
             raise EngineUnreachable(f"no response from {engine.name} in time", slow=True) from None
         except aiohttp.ClientError as exc:
@@ -152,7 +154,13 @@ class EngineClient:
     # --- health round --------------------------------------------------------------------------
 
     async def _get(self, engine: Engine, path: str) -> tuple[int, bytes]:
-        timeout = aiohttp.ClientTimeout(total=self.timeouts.health_s)
+        # connecting has its own bound, half the check's: the kernel completes a connection
+        # even to an overloaded engine, so one that takes that long finds no host (gone), and
+        # raises aiohttp.ConnectionTimeoutError, not the plain timeout of one answering late
+        t = self.timeouts
+        timeout = aiohttp.ClientTimeout(
+            total=t.health_s, sock_connect=min(t.connect_s, t.health_s / 2)
+        )
         async with self.session.get(
             f"{engine.url}{path}", headers=self.headers(), timeout=timeout
         ) as resp:
@@ -170,7 +178,10 @@ class EngineClient:
         if status != 200:
             return None
         payload = json.loads(data)
-        return {m["id"] for m in payload.get("data", []) if "id" in m}
+        entries = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(entries, list):
+            raise ValueError("/v1/models answered without a 'data' list")
+        return {m["id"] for m in entries if isinstance(m, dict) and isinstance(m.get("id"), str)}
 
     async def scrape_metrics(self, engine: Engine) -> str | None:
         status, data = await self._get(engine, "/metrics")

@@ -175,7 +175,10 @@ class EnginePool:
                 self._apply_metrics(engine, text)
         except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError, KeyError) as exc:
             reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
-            slow = isinstance(exc, TimeoutError)
+            # late, not gone: a timeout, unless it was connecting that timed out
+            slow = isinstance(exc, TimeoutError) and not isinstance(
+                exc, aiohttp.ConnectionTimeoutError
+            )
             engine.consecutive_failures += 1
             if engine.healthy and engine.consecutive_failures >= self.failures_to_down:
                 log.warning("engine %s is down: %s", engine.name, reason)

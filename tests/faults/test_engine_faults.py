@@ -176,3 +176,51 @@ async def test_tenants_cannot_time_each_others_cache(
     assert cached["key-tenant-a-000"] == 0
     assert cached["key-tenant-a-111"] > 0, "agents of one tenant share their cache"
     assert cached["key-tenant-b-000"] == 0, "another tenant never hits it"
+
+
+async def test_an_engine_whose_host_does_not_answer_connecting_is_down_not_slow(
+    router_factory: RouterFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host that drops packets (a lost node, a pod IP nobody answers) times out connecting,
+    and aiohttp's connect timeout is a TimeoutError too: it was taken for an overloaded
+    engine, kept as a last resort, and every request then waited for a connect to fail."""
+    from hiveroute.engines.client import EngineUnreachable
+    from tests.support.fake_engine import FakeEngine
+
+    engine = FakeEngine()
+    await engine.start()
+    try:
+        router = await router_factory([engine.url], health_interval_s=60)
+        client = router.router.engine_client
+        [target] = router.router.pool.engines
+
+        async def no_host(*args: object, **kwargs: object) -> None:
+            raise aiohttp.ConnectionTimeoutError("connecting timed out")
+
+        monkeypatch.setattr(aiohttp.ClientSession, "_request", no_host)
+        with pytest.raises(EngineUnreachable) as raised:
+            await client.send(target, "/v1/completions", b"{}", {}, stream=False)
+        assert raised.value.slow is False
+        for _ in range(router.router.pool.failures_to_down):
+            await router.router.pool.check(target)
+        assert not target.healthy and not target.down_but_reachable
+    finally:
+        await engine.stop()
+
+
+async def test_a_models_list_of_another_shape_is_a_failed_check_not_a_crash(
+    router_factory: RouterFactory,
+) -> None:
+    from tests.support.fake_engine import FakeEngine
+
+    engine = FakeEngine()
+    await engine.start()
+    try:
+        router = await router_factory([engine.url], health_interval_s=60)
+        [target] = router.router.pool.engines
+        engine.behaviour.models_body = [{"id": "m"}]  # a JSON list, not {"data": [...]}
+        for _ in range(router.router.pool.failures_to_down):
+            await router.router.pool.check(target)  # raised AttributeError out of the round
+        assert not target.healthy
+    finally:
+        await engine.stop()

@@ -40,6 +40,8 @@ class FakeEngineBehaviour:
     # a Set-Cookie header on every answer not streamed (as a sticky-session proxy in front of
     # an engine sends)
     set_cookie: str | None = None
+    # /v1/models answers this JSON as it is, instead of the list of `models` (a broken engine)
+    models_body: Any = None
 
 
 class FakeEngine:
@@ -96,6 +98,8 @@ class FakeEngine:
         return response
 
     async def _models(self, request: web.Request) -> web.Response:
+        if self.behaviour.models_body is not None:
+            return web.json_response(self.behaviour.models_body)
         data = [{"id": m, "object": "model", "owned_by": "fake"} for m in self.behaviour.models]
         return web.json_response({"object": "list", "data": data})
 
