@@ -237,7 +237,7 @@ class KvIndex:
             self._changed(engine)
         if medium == GPU:
             state.gpu_keys.update(keys)  # one per stored hash: count <= len(block_hashes)
-            state.most_held = max(state.most_held, len(by_hash))
+            state.most_held = max(state.most_held, len(state.gpu_keys))
         self._enforce_cap()
         return keys
 
@@ -259,6 +259,7 @@ class KvIndex:
             entry = blocks.get(key)
             if gpu:
                 gpu_keys.discard(key)
+                state.evicted = True  # even when a lower tier keeps a copy
             if entry is not None:
                 tiers = entry.holders.get(engine)
                 if tiers is not None:
@@ -269,8 +270,6 @@ class KvIndex:
                     if not entry.holders and not entry.spec:
                         del blocks[key]
             del by_hash[engine_hash]
-            if gpu:
-                state.evicted = True
 
     def clear_engine(self, engine: str) -> None:
         """Forget everything an engine holds (AllBlocksCleared, a restart, or lost events)."""

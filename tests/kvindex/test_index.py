@@ -72,6 +72,20 @@ def test_lower_tier_counts_as_cached_at_a_cost() -> None:
     assert index.engine_hashes("e1") == {1, 2}
 
 
+def test_capacity_counts_gpu_blocks_and_evictions_that_a_lower_tier_keeps() -> None:
+    """The cache's size shows once it has evicted: the most blocks it held on the GPU. A block
+    offloaded to the CPU before its eviction is still an eviction, and not a GPU block."""
+    index = KvIndex()
+    tokens = list(range(12))
+    index.apply("e1", stored([1, 2, 3], tokens))
+    index.apply("e1", stored([2, 3], tokens[4:], parent=1, medium="CPU"))
+    assert index.capacity_blocks("e1") is None  # it never had to evict
+    index.apply("e1", BlockRemoved([2, 3], "GPU"))
+    assert index.capacity_blocks("e1") == 3
+    index.apply("e1", stored([4, 5], list(range(100, 108))))  # 3 on the GPU, 2 more on the CPU
+    assert index.capacity_blocks("e1") == 3
+
+
 def test_lru_cap_evicts_the_least_recently_used_and_counts_it() -> None:
     index = KvIndex(max_blocks=4)
     a, b = list(range(8)), list(range(100, 108))
