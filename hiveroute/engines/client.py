@@ -131,8 +131,13 @@ class EngineClient:
         except aiohttp.ClientError as exc:
             raise EngineUnreachable(f"{engine.name}: {type(exc).__name__}: {exc}") from None
         if response.status in RETRY_STATUSES:
-            detail = (await response.read())[:200].decode(errors="replace")
-            response.release()
+            try:  # the start of its reason, if it comes at once: the request goes elsewhere
+                async with asyncio.timeout(t.first_byte_s):
+                    detail = (await response.content.read(200)).decode(errors="replace")
+            except (TimeoutError, aiohttp.ClientError):
+                detail = "(no reason given)"
+            finally:
+                response.close()
             raise EngineUnreachable(f"{engine.name} answered {response.status}: {detail}")
         answer = UpstreamAnswer(engine=engine, response=response)
         if answer.is_stream:

@@ -24,7 +24,13 @@ from aiohttp import web
 from hiveroute.engines.client import EngineClient, EngineUnreachable, UpstreamAnswer
 from hiveroute.engines.engine import Engine
 from hiveroute.engines.pool import EnginePool
-from hiveroute.errors import HiverouteError, NoEngineAvailable, NotFound, TooManyRequests
+from hiveroute.errors import (
+    HiverouteError,
+    NoEngineAvailable,
+    NotFound,
+    TooManyRequests,
+    UpstreamError,
+)
 from hiveroute.gateway.access_log import access_log_enabled, log_request
 from hiveroute.gateway.admission import AdmissionController
 from hiveroute.gateway.apis import CHAT, Api
@@ -264,6 +270,10 @@ class RequestPipeline:
                 if inbound.on_answer is not None and result.body:
                     await self._tell(inbound.on_answer, engine, result.body)
             ex.result = result
+        except UpstreamError as exc:  # the engine failed before its whole answer was read
+            self.pool.report_failure(engine, exc.message)
+            answer.response.close()
+            raise
         except (ConnectionResetError, OSError) as exc:  # the client went away mid-relay
             result.error = f"client disconnected: {type(exc).__name__}"
             answer.response.close()

@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 
 from hiveroute.engines.client import UpstreamAnswer
+from hiveroute.errors import UpstreamError
 from hiveroute.gateway.apis import CHAT, Api
 from hiveroute.gateway.usage import StreamTail, Usage, usage_from_json_bytes
 
@@ -81,6 +82,11 @@ async def relay_whole(
     upstream = answer.response
     try:
         data = await upstream.read()
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise UpstreamError(
+            f"engine {answer.engine.name} failed before its answer was whole "
+            f"({type(exc).__name__}); try again"
+        ) from None
     finally:
         upstream.release()
     result = RelayResult(status=upstream.status, ttft_s=time.perf_counter() - started)

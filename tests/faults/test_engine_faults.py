@@ -224,3 +224,26 @@ async def test_a_models_list_of_another_shape_is_a_failed_check_not_a_crash(
         assert not target.healthy
     finally:
         await engine.stop()
+
+
+async def test_an_engine_that_cuts_a_whole_answer_short_is_a_502_and_taken_out(
+    router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    """A non-streamed answer whose connection breaks mid-body was an 'internal error' (500,
+    a traceback), and the engine stayed in: it is the engine's failure, said as such."""
+    from tests.support.fake_engine import FakeEngine
+
+    engine = FakeEngine()
+    await engine.start()
+    try:
+        router = await router_factory([engine.url], health_interval_s=60)
+        engine.behaviour.die_mid_body = True
+        body = {"model": "m", "prompt": "p", "max_tokens": 3}
+        async with http.post(f"{router.url}/v1/completions", json=body) as resp:
+            assert resp.status == 502
+            error = (await resp.json())["error"]
+        assert error["type"] == "upstream_error" and "failed before its answer" in error["message"]
+        [target] = router.router.pool.engines
+        assert not target.healthy and target.load.in_flight == 0
+    finally:
+        await engine.stop()

@@ -30,6 +30,7 @@ class FakeEngineBehaviour:
     chat_chunks: bool = False  # chat streams as vLLM's: a role chunk first, then deltas
     hold_after_chunk: int | None = None  # stream pauses after this chunk until `release` is set
     die_after_chunk: int | None = None  # stream connection is cut after this chunk
+    die_mid_body: bool = False  # a whole answer's connection is cut after part of its body
     healthy: bool = True
     health_stall_s: float = 0.0  # /health answers this late (an overloaded engine)
     running: int = 0
@@ -153,6 +154,14 @@ class FakeEngine:
         if not body.get("stream"):
             if b.ttft_s or b.itl_s:
                 await asyncio.sleep(b.ttft_s + max(0, chunks - 1) * b.itl_s)
+            if b.die_mid_body:
+                cut = web.StreamResponse(headers={"Content-Type": "application/json"})
+                cut.content_length = 1000
+                await cut.prepare(request)
+                await cut.write(b'{"id": "cmpl-1", "choi')
+                assert request.transport is not None
+                request.transport.close()
+                return cut
             return web.json_response(
                 {
                     "id": "cmpl-1",
