@@ -3,10 +3,14 @@
 Each request's workflow bookkeeping is a few dozen small commands, and concurrent requests issue
 them at the same time. Sent one by one, every command costs a write, a read and a parse (about
 70-150 us of the router's CPU with redis-py); queued and sent as one pipeline they cost a
-fraction of that. A command issued while nothing is in flight goes out at once, in its
-caller's turn of the event loop (no added latency when idle); commands issued while a batch is
-in flight wait for it and then go out together. Order is kept: a caller awaits each command
-before it issues the next, and batches go out in the order they filled.
+fraction of that. Batches are sent by one task of the pipeline's own, never by a caller: a
+command issued while nothing is in flight goes out on the loop's next turn (with whatever else
+was issued in this one); commands issued while a batch is in flight wait for it and then go out
+together. A caller that gives up (its client went away, its handler was cancelled) only stops
+waiting: the batch it was in still completes for the others (sent from a caller's own task, its
+cancellation cut the batch short, and every other caller heard a Redis timeout: the replica
+switched to local state). Order is kept: a caller awaits each command before it issues the
+next, and batches go out in the order they filled.
 """
 
 from __future__ import annotations
@@ -15,8 +19,6 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from typing import Any
-
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 MAX_BATCH = 512  # commands per pipeline
 
@@ -28,23 +30,15 @@ class AutoPipeline:
     def __init__(self, redis: Any) -> None:
         self.redis = redis
         self._pending: deque[Entry] = deque()
-        self._busy = False  # a batch is in flight
-        self._drainer: asyncio.Task[None] | None = None
+        self._sender: asyncio.Task[None] | None = None  # sends while commands are queued
 
     async def run(self, add: Adder, n: int = 1) -> Any:
         """Queue the `n` commands `add` puts on a pipeline; their reply (n == 1) or replies."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((add, n, future))
-        if not self._busy:  # idle: this caller sends now, with whatever else is queued
-            self._busy = True
-            try:
-                await self._send(self._take())
-            except BaseException:  # cancelled: its own reply is not wanted any more
-                if future.done() and not future.cancelled():
-                    future.exception()
-                raise
-            finally:
-                self._next()
+        if self._sender is None:
+            self._sender = loop.create_task(self._send_queued())
         return await future
 
     def _take(self) -> list[Entry]:
@@ -56,20 +50,12 @@ class AutoPipeline:
             count += entry[1]
         return batch
 
-    def _next(self) -> None:
-        """After a batch: commands queued meanwhile go out from a task; else idle again."""
-        if self._pending:
-            self._drainer = asyncio.get_running_loop().create_task(self._drain())
-        else:
-            self._busy = False
-
-    async def _drain(self) -> None:
+    async def _send_queued(self) -> None:
         try:
             while self._pending:
                 await self._send(self._take())
         finally:
-            self._busy = False
-            self._drainer = None
+            self._sender = None
 
     async def _send(self, batch: list[Entry]) -> None:
         live = [entry for entry in batch if not entry[2].done()]  # callers that gave up
@@ -80,15 +66,14 @@ class AutoPipeline:
             add(pipe)
         try:
             replies = await pipe.execute(raise_on_error=False)
-        except Exception as exc:  # the connection failed: every caller hears it
+        except Exception as exc:  # the connection failed (or timed out): every caller hears it
             for _, _, future in live:
                 if not future.done():
                     future.set_exception(exc)
             return
-        except BaseException:  # the sending caller was cancelled (its timeout): so is Redis
+        except BaseException:  # the pipeline closes: nobody will answer its callers
             for _, _, future in live:
-                if not future.done():
-                    future.set_exception(RedisTimeoutError("no answer in time"))
+                future.cancel()
             raise
         at = 0
         for _, n, future in live:
@@ -110,9 +95,9 @@ class AutoPipeline:
                 future.set_exception(exc)
 
     async def close(self) -> None:
-        if self._drainer is not None:
-            self._drainer.cancel()
-            await asyncio.gather(self._drainer, return_exceptions=True)
+        if self._sender is not None:
+            self._sender.cancel()
+            await asyncio.gather(self._sender, return_exceptions=True)
         for _, _, future in self._pending:
             if not future.done():
                 future.cancel()
