@@ -1,10 +1,11 @@
 """The Redis state store: several router replicas share workflow state through one Redis.
 
 Every operation goes to Redis, bounded by a short timeout (`timeout_s`), and is mirrored into a
-local MemoryStateStore: writes go through to it, reads refresh it. When a call fails or times
-out, the store switches to the local copy at once (one warning, `hiveroute_state_backend_up`
-0) and journals what it changes; requests never wait on a Redis that is gone. A probe pings
-Redis every `probe_s`; when it answers, the journal is merged back without overwriting what
+local MemoryStateStore: writes go through to it, reads refresh it. When a call fails, times
+out, or is refused for a reason of Redis's own (read-only after a failover, memory full), the
+store switches to the local copy at once (one warning, `hiveroute_state_backend_up` 0) and
+journals what it changes; requests never wait on a Redis that is gone. A probe writes a key
+to Redis every `probe_s`; when that succeeds, the journal is merged back without overwriting what
 other replicas wrote meanwhile (see journal.py and reconcile.py), then the store switches back
 (one info line). If Redis lost its data meanwhile (restarted without persistence), the
 replica's whole local copy is written back where keys are absent.
@@ -27,8 +28,17 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import (
+    ClusterDownError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from hiveroute.errors import ConfigError
 from hiveroute.state import redis_scripts as lua
@@ -51,6 +61,10 @@ DEFAULT_PROBE_S = 1.0
 SCAN_COUNT = 1000
 MAX_SCAN_CALLS = 10_000
 FAILURES = (RedisError, OSError, TimeoutError)
+# Redis answered, but cannot keep this replica's state now: read-only (a replica after a
+# failover), memory full, its master or cluster down, a slot busy, an ACL that no longer
+# allows the commands. Raised, each was a 500 for every request that wrote; as good as down.
+UNAVAILABLE = (ReadOnlyError, OutOfMemoryError, ClusterDownError, TryAgainError, NoPermissionError)
 
 
 class BackendDown(Exception):
@@ -232,7 +246,10 @@ class RedisStateStore:
             raise BackendDown
         try:
             return await self.raw(op, timeout_s=timeout_s, socket_bound=socket_bound)
-        except ResponseError:
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
+            raise BackendDown from None
+        except ResponseError:  # a mistake of the command's (WRONGTYPE, a script's), not Redis's
             raise
         except FAILURES as exc:
             self._went_down(exc)
@@ -267,7 +284,9 @@ class RedisStateStore:
         while not self._closed:
             await asyncio.sleep(self.options.probe_s)
             try:
-                await self.raw(self.redis.ping)
+                # a write, not a PING: a Redis that answers but refuses writes (read-only after
+                # a failover, memory full) is still down for this replica's state
+                await self.raw(lambda: self.redis.set(self.k("probe"), "1", px=60_000))
                 summary = await self.reconciler.run()
             except FAILURES as exc:
                 self._count_error(exc)

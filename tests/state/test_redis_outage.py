@@ -251,3 +251,27 @@ async def test_concurrent_calls_share_pipelines_and_errors_stay_their_own(
         assert await store.hget("h", "n") == "50" and store.up
     finally:
         await store.close()
+
+
+async def test_a_redis_that_refuses_writes_is_down_for_this_replica(
+    redis_server: RedisServer, direct: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis that answers but refuses writes (a replica after a failover: READONLY) raised
+    its error out of every write, a 500 per request; it is as good as down: the replica serves
+    locally, and comes back only once a write succeeds again (a PING would pass at once)."""
+    caplog.set_level(logging.INFO, logger="hiveroute.state")
+    store = RedisStateStore(redis_server.url + FAST)
+    try:
+        await store.connect()
+        await direct.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # read-only
+        assert await store.set_if_absent("wf:home:a", "e1", ttl_s=60)  # served locally
+        assert not store.up
+        assert await store.hincrby("wf:stats:a", "requests", 1) == 1
+        await asyncio.sleep(0.3)  # probes meanwhile: still refused
+        assert not store.up and outage_lines(caplog) == (1, 0)
+        await direct.execute_command("REPLICAOF", "NO", "ONE")
+        await wait_until_up(store)
+        assert await direct.get(store.k("wf:home:a")) == "e1"  # the journal merged back
+    finally:
+        await store.close()
+        await direct.execute_command("REPLICAOF", "NO", "ONE")
