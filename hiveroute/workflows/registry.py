@@ -218,7 +218,8 @@ class WorkflowRegistry:
                 raise Conflict(f"workflow {name!r} exists and is active", param="id")
             await self._purge(workflow_id)
         await self._check_capacity()
-        await self._create(settings)
+        if not await self._create(settings):  # another declaration (or a request) came first
+            raise Conflict(f"workflow {name!r} was created meanwhile", param="id")
         view = await self.view(workflow_id, fresh=True)
         assert view is not None
         for agent in settings.declared_agents:

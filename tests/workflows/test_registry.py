@@ -75,6 +75,26 @@ async def test_lifecycle_created_on_first_request_expires_revives_ends() -> None
         await reg.end("nope")
 
 
+async def test_two_declarations_of_one_id_at_once_are_one_201_and_one_409() -> None:
+    """Both found the id free; the second's create lost. It was a 201 too, its settings
+    silently dropped and its agents merged into the first's workflow."""
+    import asyncio
+
+    class Store(MemoryStateStore):  # a shared store answers later: the two interleave
+        async def set_if_absent(self, key: str, value: str, *, ttl_s: float | None = None) -> bool:
+            await asyncio.sleep(0)
+            return await super().set_if_absent(key, value, ttl_s=ttl_s)
+
+    reg = WorkflowRegistry(Store(), RegistryLimits(), clock=Clock())
+    first = {"id": "w", "ttl_s": 60, "agents": [{"id": "a", "role": "planner"}]}
+    second = {"id": "w", "ttl_s": 600, "agents": [{"id": "b", "role": "critic"}]}
+    results = await asyncio.gather(reg.declare(first), reg.declare(second), return_exceptions=True)
+    assert sorted(type(r).__name__ for r in results) == ["Conflict", "WorkflowSettings"]
+    view = await reg.view("w", fresh=True)
+    assert view is not None and view.settings.ttl_s == 60
+    assert {a["id"] for a in view.settings.declared_agents} == {"a"}
+
+
 async def test_declare_validates_and_conflicts() -> None:
     reg, _ = make()
     settings = await reg.declare({"id": "w", "agents": [{"id": "a", "role": "planner"}]})
