@@ -78,14 +78,15 @@ class WorkflowView:
     # the block keys (PARENT_BLOCK tokens each) all its prompts routed here began with
     shared_chain: list[int] | None = None
     shared_prefix: str | None = None  # the canonical shared-context prefix (layout)
-    in_flight: dict[str, float] = field(default_factory=dict)  # request id -> monotonic start
+    # each request in flight (by its RoutingRequest's identity) -> monotonic start
+    in_flight: dict[int, float] = field(default_factory=dict)
 
     def busy(self, now: float, stale_after_s: float) -> bool:
         """Whether a request of this workflow is in flight here (ones older than
         `stale_after_s` never finished, e.g. refused before routing, and are dropped)."""
-        for request_id, started in list(self.in_flight.items()):
+        for request, started in list(self.in_flight.items()):
             if now - started > stale_after_s:
-                del self.in_flight[request_id]
+                del self.in_flight[request]
         return bool(self.in_flight)
 
     last_used: dict[str, float] = field(default_factory=dict)  # engine -> monotonic seconds

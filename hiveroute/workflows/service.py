@@ -117,7 +117,9 @@ class WorkflowService:
         # what a prefill costs on each engine (the routing cost model): where a new context goes
         self.cost = cost if cost is not None else CostModel().routing_cost(KvIndex())
         self.keep_warm = KeepWarm(self, pool, client)
-        self._pending: OrderedDict[str, _Pending] = OrderedDict()
+        # by the request's identity (`id` of its RoutingRequest, alive until after_complete),
+        # not its id: clients reuse X-Request-Id (a proxy's retry or hedge keeps it)
+        self._pending: OrderedDict[int, _Pending] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self.registry.on_state_change(self._on_state_change)
@@ -222,8 +224,8 @@ class WorkflowService:
         )
         started = self.spawn(self.registry.record_start(view, record))
         now = time.monotonic()
-        self._pending[request.request_id] = _Pending(view, record, now, started)
-        view.in_flight[request.request_id] = now
+        self._pending[id(request)] = _Pending(view, record, now, started)
+        view.in_flight[id(request)] = now
         # after_complete ends every request (refused ones too); this only bounds the map.
         stale = self.config.request_timeout_s + 60.0
         while self._pending and (
@@ -253,11 +255,11 @@ class WorkflowService:
             view.warm_text = common_prefix(view.warm_text, text)
 
     def after_complete(self, request: RoutingRequest, outcome: RequestOutcome) -> None:
-        pending = self._pending.pop(request.request_id, None)
+        pending = self._pending.pop(id(request), None)
         if pending is None:
             return
         view = pending.view
-        view.in_flight.pop(request.request_id, None)
+        view.in_flight.pop(id(request), None)
         if outcome.engine is not None:
             view.last_used[outcome.engine.name] = time.monotonic()
         self.spawn(self._finish(request, outcome, pending))

@@ -4,6 +4,7 @@ request's time to first token. Its end is recorded after its start, whatever the
 which the store answers."""
 
 import asyncio
+import time
 
 from hiveroute.routing.base import RequestOutcome
 from hiveroute.state.memory import MemoryStateStore
@@ -105,3 +106,21 @@ async def test_a_request_is_recorded_in_two_round_trips_at_its_start_and_two_at_
     await service.flush()
     assert store.rounds == 2  # 3 when the hand-off was read before the writes went out
     assert set(await store.hgetall("wf:req:w")) == {"r1", "r2"}
+
+
+async def test_two_requests_that_share_an_x_request_id_are_two_requests_in_flight() -> None:
+    """A proxy's retry or hedge keeps the client's X-Request-Id. The first of two such
+    requests to end took the second's place in the bookkeeping: the workflow looked idle
+    (keep-warm's cue) while the second still ran."""
+    router, service = make_router(n=2)
+    first, second = request("w", "planner", "same-id"), request("w", "executor", "same-id")
+    for req in (first, second):
+        await service.before_route(req)
+    view = service.registry.cached_view("w")
+    assert view is not None and view.busy(time.monotonic(), 60.0)
+    engine = router.pool.engines[0]
+    service.after_complete(first, RequestOutcome(engine, 200, prompt_tokens=10))
+    assert view.busy(time.monotonic(), 60.0)  # the second is still running
+    service.after_complete(second, RequestOutcome(engine, 200, prompt_tokens=10))
+    assert not view.busy(time.monotonic(), 60.0)
+    await service.flush()

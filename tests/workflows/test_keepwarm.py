@@ -113,7 +113,7 @@ async def test_busy_or_recent_workflows_are_not_touched(
     view = service.registry.cached_view("w")
     assert view is not None
     service.keep_warm.idle_s = 0
-    view.in_flight["r"] = time.monotonic()  # an agent is mid-request: nothing to do
+    view.in_flight[1] = time.monotonic()  # an agent is mid-request: nothing to do
     assert service.keep_warm.round() == 0
     # a request that never finished (refused before routing) stops counting after a while
     stale = service.keep_warm.stale_after_s
