@@ -9,8 +9,9 @@ bytes: the workflow's own contexts (in registration order), then any other refer
 (oldest first), joined by a blank line; then the agent's own system prompt and messages. Inline
 parts are moved out of their place into that prefix. The prefix goes at the start of the first
 system message (one is created if there is none) rather than in a message of its own, because
-many chat templates refuse a second system message. For completions the prefix is put before the
-prompt text.
+many chat templates refuse a second system message. The Messages API's `system` and the
+Responses API's `instructions` are that first system message as the engine renders them: the
+prefix opens them. For completions the prefix is put before the prompt text.
 """
 
 from __future__ import annotations
@@ -142,6 +143,28 @@ def _prefix_prompt(body: dict[str, Any], prefix: str) -> dict[str, Any]:
     return {**body, "prompt": prefix + SEPARATOR + prompt if prompt else prefix}
 
 
+def _prefix_system(body: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """Messages API: the prefix opens `system`."""
+    system = body.get("system")
+    if system is None or system == "":
+        return {**body, "system": prefix}
+    if isinstance(system, str):
+        return {**body, "system": prefix + SEPARATOR + system}
+    if isinstance(system, list):
+        return {**body, "system": [{"type": "text", "text": prefix}, *system]}
+    raise BadRequest("'system' must be a string or a list of text blocks", param="system")
+
+
+def _prefix_instructions(body: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """Responses API: the prefix opens `instructions`."""
+    instructions = body.get("instructions")
+    if instructions is None or instructions == "":
+        return {**body, "instructions": prefix}
+    if isinstance(instructions, str):
+        return {**body, "instructions": prefix + SEPARATOR + instructions}
+    raise BadRequest("'instructions' must be a string", param="instructions")
+
+
 def canonical_order(
     resolved: dict[str, SharedContext], workflow_context_ids: list[str]
 ) -> list[SharedContext]:
@@ -156,7 +179,7 @@ def canonical_order(
 async def expand_contexts(
     body: dict[str, Any],
     *,
-    chat: bool,
+    path: str,
     refs: tuple[str, ...],
     tenant: str | None,
     workflow_id: str | None,
@@ -170,6 +193,7 @@ async def expand_contexts(
     `refs` and inline ids are as the client wrote them; `workflow_id` and
     `workflow_context_ids` are scoped keys (see scope.py).
     """
+    chat = path.endswith("/chat/completions")
     inline = [scoped(tenant, r) for r in _inline_refs(body)] if chat else []
     refs = tuple(scoped(tenant, r) for r in refs)
     auto = workflow_context_ids if layout else []
@@ -194,8 +218,14 @@ async def expand_contexts(
         if prefix is not None:
             messages = _with_prefix_message(messages, prefix)
         new_body = {**body, "messages": messages}
+    elif prefix is None:
+        new_body = body
+    elif path.endswith("/messages"):
+        new_body = _prefix_system(body, prefix)
+    elif path.endswith("/responses"):
+        new_body = _prefix_instructions(body, prefix)
     else:
-        new_body = _prefix_prompt(body, prefix) if prefix is not None else body
+        new_body = _prefix_prompt(body, prefix)
     return Expansion(
         body=new_body,
         shared_prefix=prefix if layout else None,

@@ -190,7 +190,7 @@ class WorkflowService:
         known = await self.registry.view(workflow_key) if workflow_key else None
         expansion = await expand_contexts(
             request.body,
-            chat=request.is_chat,
+            path=request.path,
             refs=meta.context_refs,
             tenant=request.tenant,
             workflow_id=workflow_key,

@@ -357,3 +357,23 @@ async def test_a_client_gone_while_its_answer_is_recorded_leaves_nothing_in_flig
             break
         await asyncio.sleep(0.01)
     assert engine.load.in_flight == 0
+
+
+async def test_a_messages_request_may_reference_a_shared_context(
+    sim_fleet: FleetFactory, router_factory: RouterFactory
+) -> None:
+    """`hiveroute.context_refs` on a Messages request: the context opens its `system` (it was
+    refused with a 400, 'shared contexts need a text prompt')."""
+    fleet = await sim_fleet()
+    r = await router_factory(urls(fleet))
+    async with aiohttp.ClientSession() as http:
+        context = {"id": "kb", "text": "the knowledge base every agent reads " * 20}
+        async with http.post(f"{r.url}/v1/contexts", json=context) as registered:
+            assert registered.status == 201
+    client = anthropic_client(r.url)
+    message = await client.messages.create(
+        model=fleet.config.model_name(), max_tokens=8, system="be brief",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_body={"hiveroute": {"context_refs": ["kb"]}},
+    )  # fmt: skip
+    assert message.content and message.usage.input_tokens > 100  # the context was read
