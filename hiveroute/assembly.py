@@ -185,6 +185,7 @@ def assemble(
         pool=pool,
         client=client,
         cost=costs.routing_cost(kv_index),
+        cache_salt=auth.cache_salt,
     )
     components.append(workflows)
     plugins = PluginRegistry()

@@ -39,5 +39,8 @@ class CacheControlHints:
         if found is None:
             return
         body, ttl_s = found
+        salt = request.body.get("cache_salt")
+        if isinstance(salt, str):  # a tenant's: its blocks are the salted ones
+            body = {**body, "cache_salt": salt}
         key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
         self.keep_warm.hint(outcome.engine.name, MESSAGES_PATH, body, ttl_s, key)

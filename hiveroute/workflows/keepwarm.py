@@ -24,6 +24,7 @@ import asyncio
 import collections
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ import aiohttp
 from hiveroute.engines.client import EngineClient
 from hiveroute.engines.engine import Engine
 from hiveroute.engines.pool import EnginePool
+from hiveroute.workflows.scope import tenant_of
 
 if TYPE_CHECKING:
     from hiveroute.workflows.registry import WorkflowView
@@ -72,10 +74,17 @@ class TokenBucket:
         return False
 
 
-def warm_body(view: WorkflowView, text: str, model: str | None, *, chat: bool) -> dict[str, Any]:
+def warm_body(
+    view: WorkflowView, text: str, model: str | None, *, chat: bool, salt: str | None = None
+) -> dict[str, Any]:
+    """A one-token request for `text`; `salt`: the cache_salt its tenant's requests carry
+    (blocks of one prefix under another salt are other blocks: unsalted, it would warm
+    blocks no agent of the workflow uses)."""
     body: dict[str, Any] = {"max_tokens": 1, "stream": False}
     if model is not None:
         body["model"] = model
+    if salt is not None:
+        body["cache_salt"] = salt
     if chat:
         body["messages"] = [{"role": "system", "content": text}]
     else:
@@ -84,10 +93,18 @@ def warm_body(view: WorkflowView, text: str, model: str | None, *, chat: bool) -
 
 
 class KeepWarm:
-    def __init__(self, service: WorkflowService, pool: EnginePool, client: EngineClient) -> None:
+    def __init__(
+        self,
+        service: WorkflowService,
+        pool: EnginePool,
+        client: EngineClient,
+        cache_salt: Callable[[str], str] | None = None,
+    ) -> None:
         self.service = service
         self.pool = pool
         self.client = client  # the engine's key and timeouts, as on every engine request
+        # a tenant's salt, as its requests carry it (gateway/auth.py); None: no tenants
+        self.cache_salt = cache_salt
         config = service.config
         self.interval_s: float = config.keep_warm_interval_s
         self.idle_s: float = config.keep_warm_idle_s
@@ -216,6 +233,10 @@ class KeepWarm:
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
+    def _salt(self, view: WorkflowView) -> str | None:
+        tenant = tenant_of(view.id)
+        return None if tenant is None or self.cache_salt is None else self.cache_salt(tenant)
+
     def _model(self, view: WorkflowView, engine: Engine) -> str | None:
         if view.model is not None:
             return view.model
@@ -224,9 +245,10 @@ class KeepWarm:
     async def warm(self, view: WorkflowView, engine: Engine, text: str) -> None:
         """Retention hint if the engine takes one, else a one-token request."""
         chat = view.path is None or view.path.endswith("/chat/completions")
-        body = warm_body(view, text, self._model(view, engine), chat=chat)
+        body = warm_body(view, text, self._model(view, engine), chat=chat, salt=self._salt(view))
         if self.retain_supported.get(engine.name) is not False and not self.under_pressure(engine):
-            hint = {k: v for k, v in body.items() if k in ("messages", "prompt", "model")}
+            kept = ("messages", "prompt", "model", "cache_salt")
+            hint = {k: v for k, v in body.items() if k in kept}
             pinned = await self._retain(
                 engine.name, "/sim/retain", {**hint, "seconds": self.retention_s}, "retain"
             )
@@ -274,7 +296,7 @@ class KeepWarm:
         if not self.enabled:
             return False
         chat = view.path is None or view.path.endswith("/chat/completions")
-        body = warm_body(view, text, self._model(view, engine), chat=chat)
+        body = warm_body(view, text, self._model(view, engine), chat=chat, salt=self._salt(view))
         path = "/v1/chat/completions" if chat else "/v1/completions"
         view.warmed_at[engine.name] = time.monotonic()
         return await self._send(engine, path, body, "prewarm")

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +92,11 @@ class WorkflowService:
         pool: EnginePool,
         client: EngineClient,
         cost: RoutingCost | None = None,
+        cache_salt: Callable[[str], str] | None = None,
     ) -> None:
+        """`cache_salt`: a tenant's salt, as its requests carry it (the router's
+        Authenticator), for the requests the workflow sends itself (keep-warm, pre-warm);
+        None for a router without tenants."""
         self.config = config
         self.store = store
         self.tokenizer = tokenizer
@@ -116,7 +121,7 @@ class WorkflowService:
         self.pool = pool
         # what a prefill costs on each engine (the routing cost model): where a new context goes
         self.cost = cost if cost is not None else CostModel().routing_cost(KvIndex())
-        self.keep_warm = KeepWarm(self, pool, client)
+        self.keep_warm = KeepWarm(self, pool, client, cache_salt)
         # by the request's identity (`id` of its RoutingRequest, alive until after_complete),
         # not its id: clients reuse X-Request-Id (a proxy's retry or hedge keeps it)
         self._pending: OrderedDict[int, _Pending] = OrderedDict()

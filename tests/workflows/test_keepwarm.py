@@ -220,3 +220,64 @@ async def test_under_pressure_a_touch_replaces_the_pin(
         assert len(engine.retains) == 1  # room again: pinned
     finally:
         await engine.stop()
+
+
+async def test_a_tenants_workflow_is_kept_warm_under_the_tenants_cache_salt(
+    engine: FakeEngine, router_factory: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    """A tenant's requests are salted, so its blocks are other blocks than the same text's
+    unsalted ones: a keep-warm request without the salt warmed blocks no agent used."""
+    r = await router_factory(
+        [engine.url],
+        policy="workflow",
+        keep_warm_interval_s=3600,
+        keep_warm_idle_s=0,
+        api_keys={"key-tenant-a-000": "tenant-a"},
+    )
+    keep = r.router.workflows.keep_warm
+    headers = {"Authorization": "Bearer key-tenant-a-000"}
+    async with http.post(
+        f"{r.url}/v1/chat/completions", json=body("w", "a"), headers=headers
+    ) as resp:
+        assert resp.status == 200
+    assert keep.round() == 1
+    await keep.drain()
+    [agent] = [b for b in engine.received if b.get("max_tokens") == 2]
+    [warm] = warm_requests(engine)
+    assert agent["cache_salt"] and warm["cache_salt"] == agent["cache_salt"]
+
+
+def test_a_tenants_cache_control_hint_keeps_its_salt() -> None:
+    """The prefix a Messages request marked with cache_control is kept warm as the tenant's
+    requests are salted: the hint's body carries the request's cache_salt."""
+    from hiveroute.engines.engine import Engine, EngineSpec
+    from hiveroute.metadata import RequestMetadata
+    from hiveroute.routing.base import RequestOutcome, RoutingRequest
+    from hiveroute.workflows.cache_hints import CacheControlHints
+
+    class Hints:
+        enabled = True
+        bodies: list[dict[str, Any]] = []
+
+        def hint(
+            self, engine: str, path: str, body: dict[str, Any], ttl_s: float, key: str
+        ) -> None:
+            self.bodies.append(body)
+
+    hints = Hints()
+    request = RoutingRequest(
+        "r",
+        "/v1/messages",
+        {
+            "model": "m",
+            "max_tokens": 4,
+            "cache_salt": "tenant-a-salt",
+            "system": [{"type": "text", "text": "rules", "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        RequestMetadata(),
+    )
+    engine = Engine(EngineSpec("http://127.0.0.1:8100"))
+    CacheControlHints(hints).after_complete(request, RequestOutcome(engine, 200))  # type: ignore[arg-type]
+    [body] = hints.bodies
+    assert body["cache_salt"] == "tenant-a-salt" and body["system"][0]["text"] == "rules"
