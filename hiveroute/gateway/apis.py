@@ -119,7 +119,10 @@ RESPONSES = Api(
     False,
     responses_error_json,
     responses_stream_error,
-    first_token=b"response.output_text.delta",
+    # the event line of any delta (text, a function call's arguments, reasoning, a refusal):
+    # the first of them is the first token, whatever the turn makes (a tool call's arguments
+    # are its only tokens); data lines never hold a raw newline, so only an event line matches
+    first_token=b".delta\ndata:",
 )
 MESSAGES = Api(
     "messages",

@@ -164,3 +164,67 @@ async def test_the_relay_drops_a_usage_event_wherever_the_engine_splits_the_stre
         out, result = await proxy.relay_stream(None, answer, {}, 0.5, drop_usage=True)  # type: ignore[arg-type]
         assert out.written == content + b"data: [DONE]\n\n", cut  # type: ignore[attr-defined]
         assert result.usage is not None and result.usage.prompt_tokens == 3
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [
+        b'event: response.output_text.delta\ndata: {"type": "response.output_text.delta"}\n\n',
+        b'event: response.function_call_arguments.delta\ndata: {"delta": "{\\"a"}\n\n',
+        b'event: response.reasoning_text.delta\ndata: {"delta": "hm"}\n\n',
+    ],
+)
+async def test_a_responses_stream_has_its_first_token_at_its_first_delta_of_any_kind(
+    delta: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn that only calls a tool streams function_call_arguments deltas, never an
+    output_text delta: its first token was never seen (no TTFT, its prefill counted on its
+    engine until the end). An event's data that merely mentions a delta is not one."""
+    from hiveroute.engines.client import UpstreamAnswer
+    from hiveroute.gateway import proxy
+    from hiveroute.gateway.apis import RESPONSES
+
+    opening = b'event: response.created\ndata: {"instructions": "say .delta\\ndata: twice"}\n\n'
+    chunks = [delta, b"event: response.completed\ndata: {}\n\n"]
+    times = iter([2.0, 3.0, 4.0])
+
+    class Content:
+        async def readany(self) -> bytes:
+            return chunks.pop(0) if chunks else b""
+
+    class Upstream:
+        status = 200
+        headers: dict[str, str] = {}
+        content = Content()
+
+        def close(self) -> None:
+            pass
+
+    class Out:
+        async def prepare(self, request: object) -> None:
+            pass
+
+        async def write(self, data: bytes) -> None:
+            pass
+
+        async def write_eof(self) -> None:
+            pass
+
+    heard: list[bool] = []
+    answer = UpstreamAnswer(
+        engine=None,  # type: ignore[arg-type]
+        response=Upstream(),  # type: ignore[arg-type]
+        first_chunk=opening,
+        first_chunk_at=1.0,
+    )
+    monkeypatch.setattr(proxy.time, "perf_counter", lambda: next(times))
+    monkeypatch.setattr(proxy.web, "StreamResponse", lambda **kw: Out())
+    _, result = await proxy.relay_stream(
+        None,  # type: ignore[arg-type]
+        answer,
+        {},
+        0.5,
+        api=RESPONSES,
+        first_token=lambda: heard.append(True),
+    )
+    assert heard == [True] and result.ttft_s == 2.0 - 0.5
