@@ -86,7 +86,9 @@ class KvEventService:
         if self._stopping:
             await asyncio.gather(*self._stopping, return_exceptions=True)
         if self._context is not None:
-            self._context.term()
+            # every socket is closed by now; destroy, not term, so one left open (a bug) cannot
+            # block the event loop for good on shutdown
+            self._context.destroy(linger=0)
             self._context = None
 
     # --- staleness ----------------------------------------------------------------------------

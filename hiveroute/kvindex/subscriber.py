@@ -113,6 +113,7 @@ class KvEventSubscriber:
 
     async def stop(self) -> None:
         self.detach()
+        reading = self._reading  # a replay in progress holds a socket of the context open
         for task in (self._monitor_task, self._task):
             if task is not None:
                 task.cancel()
@@ -125,8 +126,10 @@ class KvEventSubscriber:
                 await self._task
             self._task = None
         self._close_socket()
+        if reading is not None:  # cancelled by `_close_socket`: let it close its socket
+            await asyncio.gather(reading, return_exceptions=True)
         if self._own_context:
-            self._context.term()
+            self._context.destroy(linger=0)
 
     def _open_socket(self) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self._sync_context.socket(zmq.SUB)

@@ -206,6 +206,33 @@ async def test_a_detached_subscriber_writes_nothing_more(ctx: zmq.asyncio.Contex
         await pub.close()
 
 
+async def test_stopping_during_a_replay_leaves_no_socket_open(ctx: zmq.asyncio.Context) -> None:
+    """A subscriber stopped while it waits for a replay (a gap, a replay socket that does not
+    answer) closes that socket before `stop` returns: the router terminates the ZMQ context
+    next, and one socket left open blocks that call, and the event loop, for good."""
+    silent = ctx.socket(zmq.ROUTER)  # takes the replay request, never answers
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    pub = FakePublisher(ctx, replay=False)
+    index = KvIndex()
+    sub = KvEventSubscriber(
+        "e1", pub.endpoint, index, replay_endpoint=f"tcp://127.0.0.1:{port}", context=ctx,
+        replay_timeout_s=60.0,
+    )  # fmt: skip
+    sub.start()
+    await pub.wait_subscribed()
+    try:
+        pub.seq = 5  # the first batch it hears is 5: 0..4 to replay first
+        await pub.publish([stored([1], list(range(4)))])
+        await silent.recv_multipart()  # the replay was asked for, and waits
+        await sub.stop()
+        open_sockets = [s for s in ctx._sockets if not s.closed and s is not silent]  # type: ignore[attr-defined]
+        assert [s.socket_type for s in open_sockets] == [zmq.XPUB]  # the publisher's own
+    finally:
+        await sub.stop()
+        silent.close(linger=0)
+        await pub.close()
+
+
 async def test_a_backlog_of_messages_leaves_room_for_other_tasks(ctx: zmq.asyncio.Context) -> None:
     """Messages that are already waiting are read without the event loop running anything
     else in between; an engine's burst of evictions must not hold up the requests the router
