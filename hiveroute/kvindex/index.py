@@ -289,8 +289,17 @@ class KvIndex:
                 self._drop_if_empty(key, entry)
 
     def remove_engine(self, engine: str) -> None:
+        """The engine left the pool: nothing of it stays (a pool that churns would grow the
+        per-engine records for good), its memo entries neither, so a version counted again
+        from 0 under its name cannot match one of them."""
         self.clear_engine(engine)
         self._engines.pop(engine, None)
+        self._versions.pop(engine, None)
+        self._losses.pop(engine, None)
+        self._speculation_evicted_at.pop(engine, None)
+        for memo in (self._matched, self._refreshed):
+            for key in [k for k in memo if k[0] == engine]:
+                del memo[key]
 
     # --- speculation -------------------------------------------------------------------------
 

@@ -86,6 +86,24 @@ def test_capacity_counts_gpu_blocks_and_evictions_that_a_lower_tier_keeps() -> N
     assert index.capacity_blocks("e1") == 3
 
 
+def test_an_engine_removed_leaves_nothing_behind_and_comes_back_empty() -> None:
+    """A pool that churns (Kubernetes discovery) must not grow the index's per-engine records,
+    and an engine back under a removed one's name holds nothing, memo or not."""
+    index = KvIndex()
+    tokens = list(range(16))
+    keys = block_keys(tokens, BS)
+    index.apply("e1", stored([1, 2, 3, 4], tokens))
+    index.apply("e1", BlockRemoved([4]))
+    assert index.match("e1", keys, BS, shared_blocks=3).blocks == 3  # memoised
+    index.remove_engine("e1")
+    records = [index._versions, index._losses, index._speculation_evicted_at]
+    memos = [index._matched, index._refreshed]
+    assert not any("e1" in r for r in records)
+    assert not any(key[0] == "e1" for memo in memos for key in memo)
+    index.set_block_size("e1", BS)  # back, its cache empty
+    assert index.match("e1", keys, BS, shared_blocks=3).blocks == 0
+
+
 def test_lru_cap_evicts_the_least_recently_used_and_counts_it() -> None:
     index = KvIndex(max_blocks=4)
     a, b = list(range(8)), list(range(100, 108))
