@@ -8,10 +8,13 @@ import math
 def parse_prometheus_text(text: str) -> dict[str, float]:
     """Sum each metric family's samples over their labels: ``{"vllm:num_requests_running": 3.0}``.
 
-    Engines label their series by model name; the router wants one number per engine, so
-    samples of one name are added up. Comments and unparsable lines are skipped.
+    Engines label their series by model name (and data-parallel rank); the router wants one
+    number per engine, so samples of one name are added up, except a share of a whole (vLLM's
+    `*_perc`, a cache's usage), which is averaged: two half-full ranks are not a full cache.
+    Comments and unparsable lines are skipped.
     """
     totals: dict[str, float] = {}
+    shares: dict[str, int] = {}  # `*_perc` name -> its samples
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -31,6 +34,10 @@ def parse_prometheus_text(text: str) -> dict[str, float]:
         if math.isnan(value):
             continue
         totals[name] = totals.get(name, 0.0) + value
+        if name.endswith("_perc"):
+            shares[name] = shares.get(name, 0) + 1
+    for name, samples in shares.items():
+        totals[name] /= samples
     return totals
 
 
