@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hiveroute.errors import BadRequest, Conflict, NotFound, PayloadTooLarge, TooManyRequests
-from hiveroute.state.store import StateStore, get_json, set_json
+from hiveroute.state.store import StateStore, dumps, get_json
 from hiveroute.workflows.scope import scoped, unscoped, visible
 
 PREFIX = "ctx:doc:"
@@ -114,9 +114,24 @@ class ContextRegistry:
             tokens=self.count_tokens(text),
             created_at=self.clock(),
         )
-        await set_json(self.store, PREFIX + context_id, asdict(context))
+        # set only if absent: of two registrations of one id at once, one writes; the other
+        # is the same again, or a conflict (contexts are immutable), as if it came second
+        if not await self.store.set_if_absent(PREFIX + context_id, dumps(asdict(context))):
+            return await self._registered_meanwhile(local_id, context_id, text, workflow_id)
         self._remember(context)
         return context, True
+
+    async def _registered_meanwhile(
+        self, local_id: str, context_id: str, text: str, workflow_id: str | None
+    ) -> tuple[SharedContext, bool]:
+        existing = await self.get(context_id, required=False)
+        if existing is None or existing.text != text or existing.workflow_id != workflow_id:
+            raise Conflict(
+                f"context {local_id!r} was registered meanwhile with different text or scope; "
+                "contexts are immutable: register a new id",
+                param="id",
+            )
+        return existing, False
 
     def _remember(self, context: SharedContext) -> None:
         self._cache[context.id] = (self.clock(), context)
@@ -158,6 +173,6 @@ class ContextRegistry:
         return await self.store.delete(PREFIX + context_id) > 0
 
     async def delete_workflow(self, workflow_id: str) -> None:
-        """Drop a workflow's own contexts (it ended or expired)."""
+        """Drop a workflow's own contexts (DELETE /v1/workflows/{id}: it ended)."""
         for context in await self.list(workflow_id):
             await self.delete(context.id)

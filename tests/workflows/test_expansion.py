@@ -76,3 +76,33 @@ async def test_a_system_of_another_type_is_refused_naming_it() -> None:
     with pytest.raises(BadRequest) as refused:
         await expand("/v1/messages", {"model": "m", "system": 7, "messages": []})
     assert refused.value.param == "system"
+
+
+async def test_two_registrations_of_one_id_at_once_are_one_context() -> None:
+    """Both found the id free; each wrote its own text, the last one won, and both were told
+    201: a context is immutable. Now the second is the same again (same text) or a 409."""
+    import asyncio
+
+    from hiveroute.errors import Conflict
+
+    class Store(MemoryStateStore):  # a shared store's answer arrives later: stale by then
+        async def get(self, key: str) -> str | None:
+            value = await super().get(key)
+            await asyncio.sleep(0)
+            return value
+
+    contexts = ContextRegistry(Store(), lambda text: len(text) // 4)
+    same = await asyncio.gather(
+        contexts.register({"id": "kb", "text": KB}), contexts.register({"id": "kb", "text": KB})
+    )
+    assert sorted(created for _, created in same) == [False, True]
+    other = ContextRegistry(Store(), lambda text: len(text) // 4)
+    results = await asyncio.gather(
+        other.register({"id": "kb", "text": KB}),
+        other.register({"id": "kb", "text": "another text"}),
+        return_exceptions=True,
+    )
+    assert sorted(type(r).__name__ for r in results) == ["Conflict", "tuple"]
+    assert isinstance(next(r for r in results if not isinstance(r, tuple)), Conflict)
+    [registered] = [r for r in results if isinstance(r, tuple)]
+    assert (await other.get(registered[0].id)).text == registered[0].text  # type: ignore[union-attr]
