@@ -169,9 +169,16 @@ class WorkflowRegistry:
         return settings.state
 
     async def _load(self, workflow_id: str) -> WorkflowView | None:
+        """The workflow as the store has it. One this replica knew active that another ended
+        (or whose keys expired) is told to the listeners here: no longer active, it is not
+        swept again, and keep-warm would have kept its pins for good."""
+        known = self._views.get(workflow_id)
+        was_active = known is not None and known.settings.state == ACTIVE
         doc = await get_json(self.store, _k("doc", workflow_id))
         if doc is None:
             self._views.pop(workflow_id, None)
+            if was_active:
+                self._notify(workflow_id, EXPIRED)
             return None
         settings = WorkflowSettings.from_json(doc)
         stats = await self.store.hgetall(_k("stats", workflow_id))
@@ -189,6 +196,8 @@ class WorkflowRegistry:
         self._views.move_to_end(workflow_id)
         while len(self._views) > self.limits.max_workflows:
             self._views.popitem(last=False)
+        if was_active and settings.state != ACTIVE:
+            self._notify(workflow_id, settings.state)
         return view
 
     async def view(self, workflow_id: str, *, fresh: bool = False) -> WorkflowView | None:

@@ -243,3 +243,21 @@ async def test_a_workflow_recreated_by_another_replica_has_its_new_keys_renewed(
     store.expires.clear()
     await run_request(a, clock, "w", "r2", "planner", ttft=0.1, duration=1.0)
     assert "wf:req:w" in store.expires
+
+
+async def test_a_workflow_ended_by_another_replica_is_told_to_the_listeners_here() -> None:
+    """Replica A knew the workflow active; B ended it. A's next read of it found it ended and
+    said nothing: no longer active, it was never swept again, and A's keep-warm kept its pins
+    and the accountant its figures for good."""
+    store = MemoryStateStore()
+    a = WorkflowRegistry(store, RegistryLimits(), clock=Clock())
+    b = WorkflowRegistry(store, RegistryLimits(), clock=Clock())
+    heard: list[tuple[str, str]] = []
+    a.on_state_change(lambda workflow, state: heard.append((workflow, state)))
+    await a.ensure("w")
+    await b.end("w")
+    assert heard == []
+    await a.view("w", fresh=True)
+    assert heard == [("w", "ended")]
+    await a.view("w", fresh=True)
+    assert heard == [("w", "ended")]  # once
