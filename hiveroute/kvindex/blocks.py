@@ -14,7 +14,9 @@ the engines' KV events (thousands of blocks a second, a few at a time): on an ev
 twenty blocks this costs a fifth to a fourteenth of the vectorised numpy hash it replaced, whose
 dozen array operations were a fixed cost per call, and on a 10,000-token prompt two fifths
 (benchmarks/results/block_keys.md). Not a cryptographic hash: a collision can only mislead
-routing (the engine checks its own hashes), and salts are HMACs a client cannot choose.
+routing (the engine checks its own hashes). Under API keys a tenant's salt is an HMAC the
+router sets (gateway/auth.py); without them a client's own cache_salt is used as sent, and a
+client that crafted a collision would only misroute its own requests.
 """
 
 from __future__ import annotations
