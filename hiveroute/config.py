@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
+import re
 import socket
 import types
 import typing
@@ -257,7 +259,7 @@ class RouterConfig:
         if self.api_keys_file:
             try:
                 loaded = yaml.safe_load(Path(self.api_keys_file).read_text()) or {}
-            except (OSError, yaml.YAMLError) as exc:
+            except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
                 raise ConfigError(
                     f"cannot read api_keys_file {self.api_keys_file}: {exc}"
                 ) from None
@@ -322,6 +324,22 @@ class RouterConfig:
                 raise ConfigError(
                     f"state must be 'memory' or a redis://HOST[:PORT][/DB] URL, got {self.state!r}"
                 )
+        for name, value in vars(self).items():  # NaN passes every < and <= check below
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number, got {value}")
+        for name in (
+            "health_interval_s",
+            "connect_timeout_s",
+            "first_byte_timeout_s",
+            "request_timeout_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        if self.embedded_engines < 1:
+            raise ConfigError(
+                "embedded_engines must be at least 1 (simulated engines started when no engine "
+                "is given)"
+            )
         if self.kv_index_max_blocks <= 0:
             raise ConfigError("kv_index_max_blocks must be positive")
         if self.kv_speculative_ttl_s < 0:
@@ -369,12 +387,28 @@ def _base_type(tp: Any) -> Any:
     return origin or tp
 
 
+def _optional(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in (
+        typing.get_args(tp)
+    )
+
+
+# engines given as one string: split before each URL, not at every comma (an engine's own
+# options are comma-separated: http://a:8000,events=tcp://a:5557)
+_BEFORE_A_URL = re.compile(r",\s*(?=[a-zA-Z][a-zA-Z0-9+.-]*://)")
+
+
 def _coerce(name: str, value: Any, tp: Any, source: str) -> Any:
     base = _base_type(tp)
+    if value is None:  # YAML's null (or ~): "not set" where a key may be unset
+        if _optional(tp):
+            return None
+        raise ConfigError(f"{source}: {name} may not be null")
     try:
         if base is list:
             if isinstance(value, str):
-                return [v.strip() for v in value.split(",") if v.strip()]
+                parts = _BEFORE_A_URL.split(value) if name == "engine" else value.split(",")
+                return [v.strip() for v in parts if v.strip()]
             if not isinstance(value, list):
                 raise TypeError("expected a list")
             return [str(v) for v in value]
@@ -396,7 +430,13 @@ def _coerce(name: str, value: Any, tp: Any, source: str) -> Any:
             raise ValueError(value)
         return base(value)
     except (TypeError, ValueError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{source}: bad value {value!r} for {name}: {exc}") from None
+        hint = ""
+        if isinstance(value, str) and value.startswith("tcp://"):  # HIVEROUTE_PORT=tcp://...
+            hint = (
+                " (Kubernetes sets this for a Service named after the variable's prefix: "
+                "set enableServiceLinks: false on the pod)"
+            )
+        raise ConfigError(f"{source}: bad value {value!r} for {name}: {exc}{hint}") from None
 
 
 # The router's keys by the component that reads them, for `--help` and the README's reference
@@ -541,6 +581,8 @@ def load_config(
             loaded = yaml.safe_load(Path(path).read_text()) or {}
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path} is not UTF-8 text: {exc.reason}") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
         if not isinstance(loaded, dict):

@@ -141,6 +141,9 @@ def test_defaults_render_valid_objects(tmp_path: Path) -> None:
     router = one(objects, "Deployment", "hr-hiveroute")["spec"]["template"]["spec"]
     assert router["containers"][0]["args"] == ["--config", "/etc/hiveroute/hiveroute.yaml"]
     assert router["securityContext"]["runAsNonRoot"] is True
+    # a release named "hiveroute" has a Service "hiveroute": its link variables would include
+    # HIVEROUTE_PORT=tcp://..., read by the router as its port (a crash loop)
+    assert router["enableServiceLinks"] is False
     assert "hr-hiveroute.llm.svc:8080" in notes
 
 

@@ -45,6 +45,14 @@ def test_repeated_engine_flags_and_event_endpoints() -> None:
         (["--engine", "http://x:1,color=red"], {}, "unknown engine option"),
         (["--log-level", "loud"], {}, "log level"),
         (["--policies", "{not json"], {}, "policies"),
+        # NaN passed every check (a health task that died quietly, every request a 500), and
+        # a zero timeout or interval took every engine down or ran health rounds back to back
+        (["--first-byte-timeout-s", "nan"], {}, "first_byte_timeout_s must be a finite"),
+        (["--request-timeout-s", "inf"], {}, "request_timeout_s must be a finite"),
+        (["--first-byte-timeout-s", "0"], {}, "first_byte_timeout_s must be positive"),
+        ([], {"HIVEROUTE_HEALTH_INTERVAL_S": "-1"}, "health_interval_s must be positive"),
+        ([], {"HIVEROUTE_EMBEDDED_ENGINES": "0"}, "embedded_engines must be at least 1"),
+        ([], {"HIVEROUTE_PORT": "tcp://10.0.0.1:8080"}, "enableServiceLinks"),
     ],
 )
 def test_bad_values_say_what_is_wrong(argv: list[str], env: dict[str, str], message: str) -> None:
@@ -75,3 +83,25 @@ def test_every_key_is_in_exactly_one_component_group() -> None:
     grouped = [key for keys in CONFIG_GROUPS.values() for key in keys]
     assert len(grouped) == len(set(grouped))
     assert set(grouped) == {f.name for f in dataclasses.fields(RouterConfig)}
+
+
+def test_engines_with_options_in_one_string_and_yaml_nulls(tmp_path: Path) -> None:
+    """HIVEROUTE_ENGINE (or a YAML string) with KV-event options was split at every comma, so
+    an engine's own options became engines. A YAML null left a key unset where it may be (it
+    became the string 'None': a guessable salt secret, 'Bearer None' sent to engines)."""
+    env = {"HIVEROUTE_ENGINE": "http://a:8000,events=tcp://a:5557, http://b:8000"}
+    specs = load_config(parse([]), env=env).engine_specs
+    assert specs == [
+        EngineSpec(url="http://a:8000", events="tcp://a:5557"),
+        EngineSpec(url="http://b:8000"),
+    ]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("salt_secret: null\nengine_api_key: ~\ntokenizer: null\n")
+    config = load_config(parse(["--config", str(cfg)]), env={})
+    assert config.salt_secret is None and config.engine_api_key is None
+    cfg.write_text("port: null\n")
+    with pytest.raises(ConfigError, match="port may not be null"):
+        load_config(parse(["--config", str(cfg)]), env={})
+    cfg.write_bytes(b"port: 8080\nadmin_key: \xff\xfe\n")  # not UTF-8: a traceback before
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(parse(["--config", str(cfg)]), env={})
