@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from hiveroute import runtime
 from hiveroute.config import RouterConfig, add_config_arguments, load_config
@@ -28,6 +29,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         runtime.run(serve(config, serve_workers=serve_workers))
     except OSError as exc:
-        print(f"hiveroute serve: {exc}")
+        print(f"hiveroute serve: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -273,11 +273,14 @@ async def _all_say(
 
 
 async def _until_stop_or_exit(processes: list[Any], stop: asyncio.Event) -> None:
+    """Until SIGTERM or SIGINT; a worker that exits first stops the router with an error
+    (OSError: a non-zero exit status), so a supervisor that restarts on failure restarts it
+    whole."""
     while not stop.is_set():
         for process in processes:
             if not process.is_alive():
                 log.error("worker %s exited (code %s): stopping", process.name, process.exitcode)
-                return
+                raise OSError(f"worker {process.name} exited (code {process.exitcode})")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=0.5)
 

@@ -178,6 +178,18 @@ async def test_a_context_one_worker_tokenized_is_read_not_tokenized_by_the_other
     assert counts["published"] > 0 and counts["found"] > 0, counts
 
 
+async def test_a_worker_that_dies_stops_the_router_with_a_failure(
+    two_workers: tuple[str, asyncio.subprocess.Process],
+) -> None:
+    """A worker killed (out of memory, a crash) stopped the router with exit status 0, so a
+    supervisor that restarts on failure (systemd, Docker) left it down."""
+    url, proc = two_workers
+    pid, status = await _post(url, "wf-crash", "agent-0")
+    assert status == 200
+    os.kill(int(pid), signal.SIGKILL)
+    assert await asyncio.wait_for(proc.wait(), 60) == 1
+
+
 async def test_the_workers_stop_when_their_parent_is_killed_outright(
     two_workers: tuple[str, asyncio.subprocess.Process],
 ) -> None:
