@@ -112,6 +112,15 @@ def reserve_port(host: str, port: int) -> socket.socket:
     family, kind, proto, _, address = socket.getaddrinfo(
         host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
+    if port:
+        # first without SO_REUSEPORT: a router already listening there (another `serve`, one
+        # not yet stopped) would otherwise share the port and split the connections silently
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no user
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -387,3 +388,18 @@ async def test_a_failure_before_listening_leaves_the_port_free() -> None:
         await start_router(config, before_listening=parent_gone)
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", port)
+
+
+def test_a_port_another_router_listens_on_is_refused() -> None:
+    """Bound with SO_REUSEPORT alone, a second `serve --workers` on a port the first still
+    listened on started without a word and split the connections with it."""
+    from hiveroute.workers import reserve_port
+
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as a running router's
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
+            reserve_port("127.0.0.1", port)
+    reserve_port("127.0.0.1", port).close()  # free again
