@@ -169,6 +169,7 @@ def assemble(
     components.append(kv_events)
     costs = CostModel(backlog=PrefillBacklog(board=board), live=LiveSet(board=board))
     pool.on_removed(lambda engine: costs.forget(engine.name))
+    pool.on_removed(lambda engine: metrics.forget_engine(engine.name))
     store = store if store is not None else open_state_store(config.state)
     bind_metrics = getattr(store, "bind_metrics", None)
     if bind_metrics is not None:  # Redis: health, metrics and connections live with the router

@@ -7,6 +7,7 @@ routers in one process do not collide.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
@@ -289,6 +290,14 @@ class RouterMetrics:
             registry=r,
         )
         self.state = StateMetrics(r)
+
+    def forget_engine(self, engine: str) -> None:
+        """The engine left the pool: its gauges go (kept, `hiveroute_engine_up` went on
+        reporting a departed engine as up, and a churning pool grew them for good). Its
+        counters stay: they are history, and their rates fall to 0."""
+        for gauge in (self.engine_up, self.engine_queue, self.engine_kv_usage, self.in_flight):
+            with contextlib.suppress(KeyError):
+                gauge.remove(engine)
 
     def known_engine(self, engine: str) -> None:
         """Export an engine's counters as 0 before their first increment, so rates and ratios

@@ -216,3 +216,21 @@ async def test_workflow_registry_observes_workflow_ttft_handoffs_and_completion(
         totals = (await r.json())["totals"]
     completion_sum = await metric("hiveroute_workflow_completion_seconds_sum")
     assert completion_sum is not None and abs(completion_sum - totals["completion_time_s"]) < 1e-3
+
+
+def test_an_engine_that_leaves_the_pool_leaves_no_gauge_behind() -> None:
+    """`hiveroute_engine_up` of a departed engine went on saying 1: `sum()` over it counted
+    engines that were gone, and a churning pool grew the series for good."""
+    from hiveroute.assembly import assemble
+    from hiveroute.config import RouterConfig
+
+    config = RouterConfig(engine=["http://127.0.0.1:8100", "http://127.0.0.1:8101"], policy="kv")
+    router = assemble(config.validate())
+    metrics, name = router.metrics, "127.0.0.1:8100"
+    metrics.engine_up.labels(name).set(1)
+    metrics.in_flight.labels(name).set(2)
+    assert metrics.value("hiveroute_engine_up", {"engine": name}) == 1
+    router.pool.remove(name)
+    rendered = metrics.render().decode()
+    assert f'hiveroute_engine_up{{engine="{name}"}}' not in rendered
+    assert f'hiveroute_in_flight_requests{{engine="{name}"}}' not in rendered
