@@ -14,6 +14,9 @@ from hiveroute.runtime import freeze_startup_objects, wait_for_shutdown_signal
 
 log = logging.getLogger("hiveroute.server")
 
+# what a request in flight is given to finish when the router stops
+SHUTDOWN_GRACE_S = 25.0
+
 
 @dataclass
 class RunningRouter:
@@ -48,8 +51,12 @@ async def start_router(
     if extend is not None:
         extend(app)
     # handler_cancellation: a client that disconnects cancels its handler, which closes the
-    # upstream connection, which makes the engine abort the request.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # upstream connection, which makes the engine abort the request. On shutdown requests in
+    # flight get SHUTDOWN_GRACE_S to finish: under `serve --workers` the parent kills a worker
+    # that outlives its own wait, so a stream is ended by the router, not cut by the kill.
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S
+    )
     await runner.setup()
     if before_listening is not None:
         try:

@@ -53,14 +53,14 @@ from hiveroute.kvindex.shared_chunks import SharedChunkStore
 from hiveroute.observability.dashboard import add_dashboard_routes
 from hiveroute.observability.merge import merge_metrics, merge_overviews
 from hiveroute.runtime import freeze_startup_objects, wait_for_shutdown_signal
-from hiveroute.server import start_router
+from hiveroute.server import SHUTDOWN_GRACE_S, start_router
 from hiveroute.state.shared import SharedStateClient, StateServer
 from hiveroute.state.store import open_state_store
 
 log = logging.getLogger("hiveroute.workers")
 
 WORKER_HEADER = "X-Hiveroute-Worker"  # the pid of the worker that served a response
-STOP_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = SHUTDOWN_GRACE_S + 5.0  # a worker's grace for its requests, then its exit
 READY_TIMEOUT_S = 120.0
 # token ids the workers' shared chunks may hold, all workers together (8 bytes a token): as
 # many as one worker's prefix cache
