@@ -53,17 +53,34 @@ def merge_metrics(texts: list[str]) -> str:
                     samples[key] = max(old, sample.value)
     lines: list[str] = []
     for name, (doc, kind, samples) in families.items():
-        lines.append(
-            f"# HELP {name} {doc.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + 'n')}"
-        )
-        lines.append(f"# TYPE {name} {kind}")
-        for (sample_name, labels), value in samples.items():
-            if labels:
-                inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-                lines.append(f"{sample_name}{{{inner}}} {floatToGoString(value)}")
-            else:
-                lines.append(f"{sample_name} {floatToGoString(value)}")
+        if kind == "counter":  # as one process writes it: `x_total` a counter, `x_created` a gauge
+            total = {k: v for k, v in samples.items() if not k[0].endswith("_created")}
+            created = {k: v for k, v in samples.items() if k[0].endswith("_created")}
+            _family(lines, f"{name}_total", doc, "counter", total)
+            if created:
+                _family(lines, f"{name}_created", doc, "gauge", created)
+        else:
+            _family(lines, name, doc, kind, samples)
     return "\n".join(lines) + "\n"
+
+
+def _family(
+    lines: list[str],
+    name: str,
+    doc: str,
+    kind: str,
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+) -> None:
+    lines.append(
+        f"# HELP {name} {doc.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + 'n')}"
+    )
+    lines.append(f"# TYPE {name} {kind}")
+    for (sample_name, labels), value in samples.items():
+        if labels:
+            inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+            lines.append(f"{sample_name}{{{inner}}} {floatToGoString(value)}")
+        else:
+            lines.append(f"{sample_name} {floatToGoString(value)}")
 
 
 _ENGINE_SUMS = (

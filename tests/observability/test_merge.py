@@ -47,3 +47,16 @@ def test_overviews_sum_counts_and_recompute_rates() -> None:
     assert merged["engines"][0]["requests"] == 5 and merged["engines"][0]["hit_rate"] == 0.25
     assert merged["totals"]["in_flight"] == 2 and merged["totals"]["hit_rate"] == 0.25
     assert merged["workers"] == 2
+
+
+def test_merged_counters_have_the_type_lines_one_process_writes() -> None:
+    """Written under their family's name (`# TYPE hiveroute_requests counter` above samples
+    named `hiveroute_requests_total`), a strict parser takes the samples for untyped ones."""
+    one = worker_text(3, 1, 1, 10)
+    merged = merge_metrics([one, worker_text(4, 2, 0, 10)])
+
+    def type_lines(text: str) -> list[str]:
+        return sorted(line for line in text.splitlines() if line.startswith("# TYPE"))
+
+    assert type_lines(merged) == type_lines(one)
+    assert "# TYPE hiveroute_requests_total counter" in merged
