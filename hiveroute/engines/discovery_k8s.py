@@ -155,6 +155,7 @@ class PodWatcher:
     def run(self) -> None:
         self.version = None
         while not self._stop.is_set():
+            started, events = time.monotonic(), self._events_seen
             try:
                 if self.version is None:
                     self.version = self._list()
@@ -163,6 +164,8 @@ class PodWatcher:
                 self._watch()
                 if self._events_seen == events and time.monotonic() - started < 1.0:
                     self._stop.wait(self.backoff.next())  # a watch that ends at once: slow down
+                else:
+                    self.backoff.reset()  # it worked: a later failure waits from the start
             except _Gone:
                 log.info("pod watch: resourceVersion %s is gone; listing again", self.version)
                 self.version = None
@@ -173,6 +176,8 @@ class PodWatcher:
                 if _status(exc) == 410:
                     self.version = None
                 self.last_error = _describe(exc)
+                if self._events_seen > events or time.monotonic() - started >= 1.0:
+                    self.backoff.reset()  # a watch that worked, then dropped: not a failing run
                 delay = self.backoff.next()
                 log.warning("pod discovery: %s; retrying in %.1fs", self.last_error, delay)
                 self._stop.wait(delay)

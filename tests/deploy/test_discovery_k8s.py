@@ -204,6 +204,38 @@ async def test_errors_back_off_and_recover(fake: FakeKubeApi, kubeconfig: str) -
         await discovery.stop()
 
 
+async def test_a_watch_that_worked_then_dropped_waits_from_the_shortest_delay(
+    fake: FakeKubeApi, kubeconfig: str
+) -> None:
+    """The backoff was reset only by a successful list: every watch drop over the process's
+    life (an API server restart, a connection reset) doubled it, until each later drop left
+    pods unseen for up to its maximum."""
+
+    class CountingBackoff(Backoff):
+        def __init__(self) -> None:
+            super().__init__(0.01, 0.05)
+            self.resets = 0
+
+        def reset(self) -> None:
+            self.resets += 1
+            super().reset()
+
+    backoff = CountingBackoff()
+    fake.put("engine-0", ip="10.1.0.10")
+    discovery, pool = await start_discovery(kubeconfig, backoff=backoff)
+    try:
+        for i in range(1, 4):
+            await eventually(lambda i=i: len(fake.watches) == i and fake.open_watches == 1, "watch")
+            fake.put(f"engine-{i}", ip=f"10.1.0.1{i}")  # the watch delivers an event, then drops
+            await eventually(lambda i=i: len(pool.engines) == i + 1, f"engine-{i}")
+            fake.drop_watches()
+        await eventually(lambda: len(fake.watches) == 4, "the fourth watch")
+        assert backoff.resets == 4  # the list, then each watch that worked
+        assert len(fake.lists) == 1
+    finally:
+        await discovery.stop()
+
+
 async def test_forbidden_is_reported_with_the_rbac_hint(fake: FakeKubeApi, kubeconfig: str) -> None:
     fake.failures = [403] * 1000
     discovery, pool = await start_discovery(kubeconfig, initial_sync_timeout_s=0.3)
