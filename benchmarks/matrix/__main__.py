@@ -161,7 +161,7 @@ def summarize(store: CellStore, results: Path) -> Path:
         f"{len(cells)} cells with results, {sum(len(c['runs']) for c in cells)} runs "
         f"(commits measured: {', '.join(commits) or 'not recorded'}); "
         f"{ENGINES} simulated engines per run, each run on a fresh fleet. The grid and why: "
-        "`benchmarks/matrix/grid.py`; per-cell figures: `benchmarks/results/matrix/*.json`."
+        f"`benchmarks/matrix/grid.py`; per-cell figures: `{results.as_posix()}/*.json`."
     )
     made_by = sorted(
         {r["matrix_command"] for c in cells for r in c["runs"].values() if r.get("matrix_command")}
