@@ -418,6 +418,16 @@ class KubernetesDiscovery:
                 self._pool.remove(old.name)
             log.info("engine pod %s left: %s", key, old.url)
         if spec is not None:
+            ours = any(s.name == spec.name for s in self._owned.values())
+            if not ours and self._pool.get(spec.name) is not None:
+                # an engine given with --engine at this address: it stays as it was given (a
+                # pod's spec replacing it, its removal would then have removed it too)
+                log.warning(
+                    "engine pod %s is at %s, an engine given statically; left as given",
+                    key,
+                    spec.url,
+                )
+                return
             self._owned[key] = spec
             self._pool.add(spec)
             log.info("engine pod %s joined: %s", key, spec.url)

@@ -273,6 +273,32 @@ async def test_discovery_leaves_static_engines_alone(fake: FakeKubeApi, kubeconf
         await discovery.stop()
 
 
+async def test_a_pod_at_a_static_engines_address_leaves_that_engine_as_given(
+    fake: FakeKubeApi, kubeconfig: str
+) -> None:
+    """A pod discovered at the address of an engine given with --engine replaced that engine's
+    spec (its own events endpoint lost), and the pod's deletion then removed it from the pool."""
+    from hiveroute.engines.engine import EngineSpec
+
+    static = EngineSpec.parse("http://10.1.0.10:8000,events=tcp://10.1.0.10:7000")
+    pool = EnginePool([static], health_interval_s=3600)
+    fake.put("engine-0", ip="10.1.0.10")
+    fake.put("engine-1", ip="10.1.0.11")
+    discovery = KubernetesDiscovery(
+        pool, label_selector="hiveroute.io/role=engine", kubeconfig=kubeconfig
+    )
+    await discovery.start()
+    try:
+        assert urls(pool) == {"http://10.1.0.10:8000", "http://10.1.0.11:8000"}
+        assert pool.get("10.1.0.10:8000").spec == static  # type: ignore[union-attr]
+        fake.delete("engine-0")
+        fake.delete("engine-1")
+        await eventually(lambda: urls(pool) == {"http://10.1.0.10:8000"}, "engine-1 removed")
+        assert pool.get("10.1.0.10:8000").spec == static  # type: ignore[union-attr]
+    finally:
+        await discovery.stop()
+
+
 async def test_missing_kubeconfig_is_a_config_error(tmp_path: Path) -> None:
     discovery = KubernetesDiscovery(
         EnginePool(), label_selector="a=b", kubeconfig=str(tmp_path / "absent")
