@@ -327,14 +327,6 @@ class RouterConfig:
         for name, value in vars(self).items():  # NaN passes every < and <= check below
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite number, got {value}")
-        for name in (
-            "health_interval_s",
-            "connect_timeout_s",
-            "first_byte_timeout_s",
-            "request_timeout_s",
-        ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive")
         if self.embedded_engines < 1:
             raise ConfigError(
                 "embedded_engines must be at least 1 (simulated engines started when no engine "
@@ -352,6 +344,10 @@ class RouterConfig:
                 f"tokenizer: no tokenizer.json in {self.tokenizer!r}; give the model's directory"
             )
         for name in (
+            "health_interval_s",
+            "connect_timeout_s",
+            "first_byte_timeout_s",
+            "request_timeout_s",
             "workflow_ttl_s",
             "workflow_retain_s",
             "keep_warm_retention_s",

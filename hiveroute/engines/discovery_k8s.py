@@ -162,10 +162,10 @@ class PodWatcher:
                     self.backoff.reset()
                 started, events = time.monotonic(), self._events_seen
                 self._watch()
-                if self._events_seen == events and time.monotonic() - started < 1.0:
-                    self._stop.wait(self.backoff.next())  # a watch that ends at once: slow down
+                if self._worked(started, events):
+                    self.backoff.reset()  # a later failure waits from the start
                 else:
-                    self.backoff.reset()  # it worked: a later failure waits from the start
+                    self._stop.wait(self.backoff.next())  # a watch that ends at once: slow down
             except _Gone:
                 log.info("pod watch: resourceVersion %s is gone; listing again", self.version)
                 self.version = None
@@ -176,11 +176,16 @@ class PodWatcher:
                 if _status(exc) == 410:
                     self.version = None
                 self.last_error = _describe(exc)
-                if self._events_seen > events or time.monotonic() - started >= 1.0:
+                if self._worked(started, events):
                     self.backoff.reset()  # a watch that worked, then dropped: not a failing run
                 delay = self.backoff.next()
                 log.warning("pod discovery: %s; retrying in %.1fs", self.last_error, delay)
                 self._stop.wait(delay)
+
+    def _worked(self, started: float, events: int) -> bool:
+        """Whether the watch begun at `started` (with `events` seen before) worked: it
+        delivered an event, or stayed open a second."""
+        return self._events_seen > events or time.monotonic() - started >= 1.0
 
     def _request(self, **kwargs: Any) -> Any:
         read_timeout = self.watch_timeout_s + 30 if kwargs.get("watch") else 30

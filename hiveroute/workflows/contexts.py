@@ -92,13 +92,7 @@ class ContextRegistry:
             raise BadRequest("'name' must be a string of at most 256 characters", param="name")
         existing = await self.get(context_id, required=False)
         if existing is not None:
-            if existing.text != text or existing.workflow_id != workflow_id:
-                raise Conflict(
-                    f"context {local_id!r} exists with different text or scope; "
-                    "contexts are immutable: register a new id",
-                    param="id",
-                )
-            return existing, False
+            return self._again(existing, local_id, text, workflow_id)
         if len(await self.store.scan(PREFIX, limit=self.max_contexts + 1)) >= self.max_contexts:
             raise TooManyRequests(
                 f"the router holds {self.max_contexts} contexts (context_max_count); "
@@ -117,17 +111,19 @@ class ContextRegistry:
         # set only if absent: of two registrations of one id at once, one writes; the other
         # is the same again, or a conflict (contexts are immutable), as if it came second
         if not await self.store.set_if_absent(PREFIX + context_id, dumps(asdict(context))):
-            return await self._registered_meanwhile(local_id, context_id, text, workflow_id)
+            meanwhile = await self.get(context_id, required=False)
+            return self._again(meanwhile, local_id, text, workflow_id)
         self._remember(context)
         return context, True
 
-    async def _registered_meanwhile(
-        self, local_id: str, context_id: str, text: str, workflow_id: str | None
+    @staticmethod
+    def _again(
+        existing: SharedContext | None, local_id: str, text: str, workflow_id: str | None
     ) -> tuple[SharedContext, bool]:
-        existing = await self.get(context_id, required=False)
+        """A context registered again: the same one (not new), or a conflict."""
         if existing is None or existing.text != text or existing.workflow_id != workflow_id:
             raise Conflict(
-                f"context {local_id!r} was registered meanwhile with different text or scope; "
+                f"context {local_id!r} exists with different text or scope; "
                 "contexts are immutable: register a new id",
                 param="id",
             )

@@ -143,26 +143,18 @@ def _prefix_prompt(body: dict[str, Any], prefix: str) -> dict[str, Any]:
     return {**body, "prompt": prefix + SEPARATOR + prompt if prompt else prefix}
 
 
-def _prefix_system(body: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """Messages API: the prefix opens `system`."""
-    system = body.get("system")
-    if system is None or system == "":
-        return {**body, "system": prefix}
-    if isinstance(system, str):
-        return {**body, "system": prefix + SEPARATOR + system}
-    if isinstance(system, list):
-        return {**body, "system": [{"type": "text", "text": prefix}, *system]}
-    raise BadRequest("'system' must be a string or a list of text blocks", param="system")
-
-
-def _prefix_instructions(body: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """Responses API: the prefix opens `instructions`."""
-    instructions = body.get("instructions")
-    if instructions is None or instructions == "":
-        return {**body, "instructions": prefix}
-    if isinstance(instructions, str):
-        return {**body, "instructions": prefix + SEPARATOR + instructions}
-    raise BadRequest("'instructions' must be a string", param="instructions")
+def _prefix_field(body: dict[str, Any], name: str, prefix: str, *, blocks: bool) -> dict[str, Any]:
+    """The prefix opens `name`: the Messages API's `system` (a string, or text blocks when
+    `blocks`), the Responses API's `instructions` (a string)."""
+    value = body.get(name)
+    if value is None or value == "":
+        return {**body, name: prefix}
+    if isinstance(value, str):
+        return {**body, name: prefix + SEPARATOR + value}
+    if blocks and isinstance(value, list):
+        return {**body, name: [{"type": "text", "text": prefix}, *value]}
+    shapes = "a string or a list of text blocks" if blocks else "a string"
+    raise BadRequest(f"'{name}' must be {shapes}", param=name)
 
 
 def canonical_order(
@@ -221,9 +213,9 @@ async def expand_contexts(
     elif prefix is None:
         new_body = body
     elif path.endswith("/messages"):
-        new_body = _prefix_system(body, prefix)
+        new_body = _prefix_field(body, "system", prefix, blocks=True)
     elif path.endswith("/responses"):
-        new_body = _prefix_instructions(body, prefix)
+        new_body = _prefix_field(body, "instructions", prefix, blocks=False)
     else:
         new_body = _prefix_prompt(body, prefix)
     return Expansion(
