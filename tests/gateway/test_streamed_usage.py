@@ -116,53 +116,14 @@ async def test_the_relay_drops_a_usage_event_wherever_the_engine_splits_the_stre
     """The relay passes whole events through without the filter; a chunk that ends between an
     event's two newlines must not, or the usage event after it takes the closing newline with
     it and the client sees the last content event run into `[DONE]`."""
-    from hiveroute.engines.client import UpstreamAnswer
-    from hiveroute.gateway import proxy
+    from tests.support.relay import relay
 
     content = b'data: {"choices": [{"text": "a"}]}\n\n'
     usage = b'data: {"choices": [], "usage": {"prompt_tokens": 3}}\n\n'
     stream = content + usage + b"data: [DONE]\n\n"
-
-    class Content:
-        def __init__(self, chunks: list[bytes]) -> None:
-            self.chunks = chunks
-
-        async def readany(self) -> bytes:
-            return self.chunks.pop(0) if self.chunks else b""
-
-    class Upstream:
-        status = 200
-        headers: dict[str, str] = {}
-
-        def __init__(self, chunks: list[bytes]) -> None:
-            self.content = Content(chunks)
-
-        def close(self) -> None:
-            pass
-
-    class Out:
-        def __init__(self) -> None:
-            self.written = b""
-
-        async def prepare(self, request: object) -> None:
-            pass
-
-        async def write(self, data: bytes) -> None:
-            self.written += data
-
-        async def write_eof(self) -> None:
-            pass
-
     for cut in range(1, len(stream)):
-        answer = UpstreamAnswer(
-            engine=None,  # type: ignore[arg-type]
-            response=Upstream([stream[cut:]]),  # type: ignore[arg-type]
-            first_chunk=stream[:cut],
-            first_chunk_at=1.0,
-        )
-        monkeypatch.setattr(proxy.web, "StreamResponse", lambda **kw: Out())
-        out, result = await proxy.relay_stream(None, answer, {}, 0.5, drop_usage=True)  # type: ignore[arg-type]
-        assert out.written == content + b"data: [DONE]\n\n", cut  # type: ignore[attr-defined]
+        written, result = await relay(monkeypatch, stream[:cut], [stream[cut:]], drop_usage=True)
+        assert written.data == content + b"data: [DONE]\n\n", cut
         assert result.usage is not None and result.usage.prompt_tokens == 3
 
 
@@ -180,50 +141,18 @@ async def test_a_responses_stream_has_its_first_token_at_its_first_delta_of_any_
     """A turn that only calls a tool streams function_call_arguments deltas, never an
     output_text delta: its first token was never seen (no TTFT, its prefill counted on its
     engine until the end). An event's data that merely mentions a delta is not one."""
-    from hiveroute.engines.client import UpstreamAnswer
     from hiveroute.gateway import proxy
     from hiveroute.gateway.apis import RESPONSES
+    from tests.support.relay import relay
 
     opening = b'event: response.created\ndata: {"instructions": "say .delta\\ndata: twice"}\n\n'
-    chunks = [delta, b"event: response.completed\ndata: {}\n\n"]
     times = iter([2.0, 3.0, 4.0])
-
-    class Content:
-        async def readany(self) -> bytes:
-            return chunks.pop(0) if chunks else b""
-
-    class Upstream:
-        status = 200
-        headers: dict[str, str] = {}
-        content = Content()
-
-        def close(self) -> None:
-            pass
-
-    class Out:
-        async def prepare(self, request: object) -> None:
-            pass
-
-        async def write(self, data: bytes) -> None:
-            pass
-
-        async def write_eof(self) -> None:
-            pass
-
     heard: list[bool] = []
-    answer = UpstreamAnswer(
-        engine=None,  # type: ignore[arg-type]
-        response=Upstream(),  # type: ignore[arg-type]
-        first_chunk=opening,
-        first_chunk_at=1.0,
-    )
     monkeypatch.setattr(proxy.time, "perf_counter", lambda: next(times))
-    monkeypatch.setattr(proxy.web, "StreamResponse", lambda **kw: Out())
-    _, result = await proxy.relay_stream(
-        None,  # type: ignore[arg-type]
-        answer,
-        {},
-        0.5,
+    _, result = await relay(
+        monkeypatch,
+        opening,
+        [delta, b"event: response.completed\ndata: {}\n\n"],
         api=RESPONSES,
         first_token=lambda: heard.append(True),
     )

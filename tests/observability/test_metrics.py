@@ -96,46 +96,14 @@ async def test_stream_records_ttft_itl_tokens_and_roles(
 
 async def test_itl_is_the_mean_gap_between_data_events(monkeypatch: pytest.MonkeyPatch) -> None:
     """Six events 10 ms apart: ITL is their span over five gaps, whatever the chunking."""
-    from hiveroute.engines.client import UpstreamAnswer
     from hiveroute.gateway import proxy
+    from tests.support.relay import relay
 
     times = iter([1.0 + 0.01 * i for i in range(1, 10)])
-
-    class Content:
-        def __init__(self) -> None:
-            self.chunks = [b"data: {}\n\ndata: {}\n\n", b"data: {}\n\n", b"data: {}\n\n"]
-            self.chunks.append(b"data: {}\n\ndata: [DONE]\n\n")
-
-        async def readany(self) -> bytes:
-            return self.chunks.pop(0) if self.chunks else b""
-
-    class Upstream:
-        status = 200
-        headers: dict[str, str] = {}
-        content = Content()
-
-        def close(self) -> None:
-            pass
-
-    class Out:
-        async def prepare(self, request: object) -> None:
-            pass
-
-        async def write(self, data: bytes) -> None:
-            pass
-
-        async def write_eof(self) -> None:
-            pass
-
-    answer = UpstreamAnswer(
-        engine=None,  # type: ignore[arg-type]
-        response=Upstream(),  # type: ignore[arg-type]
-        first_chunk=b"data: {}\n\n",
-        first_chunk_at=1.0,
-    )
+    rest = [b"data: {}\n\ndata: {}\n\n", b"data: {}\n\n", b"data: {}\n\n"]
+    rest.append(b"data: {}\n\ndata: [DONE]\n\n")
     monkeypatch.setattr(proxy.time, "perf_counter", lambda: next(times))
-    monkeypatch.setattr(proxy.web, "StreamResponse", lambda **kw: Out())
-    _, result = await proxy.relay_stream(None, answer, {}, 0.5)  # type: ignore[arg-type]
+    _, result = await relay(monkeypatch, b"data: {}\n\n", rest)
     # Events at 1.00 (1), 1.01 (2), 1.02 (1), 1.03 (1), 1.04 (1 + DONE): 6 events over 0.04 s.
     assert result.ttft_s == 0.5
     assert result.itl_s is not None and abs(result.itl_s - 0.04 / 5) < 1e-9
