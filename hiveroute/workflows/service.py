@@ -109,6 +109,7 @@ class WorkflowService:
                 max_agents=config.workflow_max_agents,
                 max_workflows=config.max_workflows,
             ),
+            spawn=self.spawn,  # views past their time are refreshed out of requests' paths
         )
         self.contexts = ContextRegistry(
             store,

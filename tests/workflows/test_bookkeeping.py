@@ -8,7 +8,7 @@ import time
 
 from hiveroute.routing.base import RequestOutcome
 from hiveroute.state.memory import MemoryStateStore
-from tests.workflows.test_placement import make_router, request
+from tests.workflows.test_placement import make_router, request, route
 
 
 class StallingStore(MemoryStateStore):
@@ -61,17 +61,25 @@ class RoundCountingStore(MemoryStateStore):
         super().__init__()
         self.rounds = 0
         self._waiting: list[asyncio.Future[None]] = []
+        # in a call: the calls it makes itself (set_if_absent's set) are local, not a round
+        self._serving = False
         for name in self.METHODS:
             setattr(self, name, self._remote(getattr(self, name)))
 
     def _remote(self, call):  # type: ignore[no-untyped-def]
         async def remote(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if self._serving:
+                return await call(*args, **kwargs)
             future = asyncio.get_running_loop().create_future()
             self._waiting.append(future)
             if len(self._waiting) == 1:
                 asyncio.get_running_loop().create_task(self._send_round())
             await future
-            return await call(*args, **kwargs)
+            self._serving = True  # the memory store's calls never suspend
+            try:
+                return await call(*args, **kwargs)
+            finally:
+                self._serving = False
 
         return remote
 
@@ -124,3 +132,66 @@ async def test_two_requests_that_share_an_x_request_id_are_two_requests_in_fligh
     service.after_complete(second, RequestOutcome(engine, 200, prompt_tokens=10))
     assert not view.busy(time.monotonic(), 60.0)
     await service.flush()
+
+
+async def test_a_new_workflows_first_request_waits_for_four_round_trips_before_it_is_sent() -> None:
+    """Reading what the store has of it (one round, not four in turn), reading again once its
+    context references are checked, creating it (one round, not three), and agreeing on its
+    home. It waited for ten: each a wait for another process (the parent under `serve
+    --workers`, Redis across replicas)."""
+    router, service = make_router(n=2)
+    store = RoundCountingStore()
+    service.registry.store = store
+    req = request("w", "planner", "r1")
+    await service.before_route(req)
+    await router.policy.route(req, router.pool.candidates(None))
+    assert store.rounds == 4
+    await service.flush()
+    assert service.registry.cached_view("w") is not None
+    assert await store.get("wf:home:w") in {e.name for e in router.pool.engines}
+
+
+class StalledStore(MemoryStateStore):
+    """A remote store (every call suspends) that answers nothing until `release` is set."""
+
+    in_process = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.release.set()
+        for name in RoundCountingStore.METHODS:
+            setattr(self, name, self._stalled(getattr(self, name)))
+
+    def _stalled(self, call):  # type: ignore[no-untyped-def]
+        async def stalled(*args, **kwargs):  # type: ignore[no-untyped-def]
+            await self.release.wait()
+            return await call(*args, **kwargs)
+
+        return stalled
+
+
+async def test_a_known_workflows_old_view_is_refreshed_after_its_request_is_routed() -> None:
+    """Past `view_ttl_s` the view was read again in the request's path: four round trips in
+    turn, 15 ms for one request in ten on a busy two-core host. The request now routes on the
+    view it has, and the store's news (here another replica's move of the home) reaches the
+    view in the background."""
+    router, service = make_router(n=2)
+    store = StalledStore()
+    service.registry.store = store
+    now = [1000.0]
+    service.registry.clock = lambda: now[0]
+    first = request("w", "planner", "r1")
+    home, _ = await route(router, first)
+    await service.flush()
+    other = next(e.name for e in router.pool.engines if e.name != home)
+    await MemoryStateStore.set(store, "wf:home:w", other)  # another replica moved it
+    now[0] += service.registry.limits.view_ttl_s + 1
+    store.release.clear()
+    second = request("w", "executor", "r2")
+    await asyncio.wait_for(route(router, second), timeout=30)  # not held by the store
+    view = service.registry.cached_view("w")
+    assert view is not None and view.home == home  # routed on the view it had
+    store.release.set()
+    await service.flush()
+    assert view.home == other and view.fetched_at == now[0]
