@@ -365,7 +365,14 @@ class WorkflowRegistry:
 
     async def ensure(self, workflow_id: str, *, ttl_s: float | None = None) -> WorkflowView:
         """The workflow a request names, created on first sight; revived if it had expired."""
-        view = await self.view(workflow_id)
+        return await self.create_or_revive(workflow_id, await self.view(workflow_id), ttl_s=ttl_s)
+
+    async def create_or_revive(
+        self, workflow_id: str, view: WorkflowView | None, *, ttl_s: float | None = None
+    ) -> WorkflowView:
+        """`ensure` for a caller that has just read the workflow's `view` (None: the store had
+        none), which costs a new workflow's first request one round trip less. A replica that
+        created it since is found by the creation, which then fails."""
         if view is None:
             await self._check_capacity()
             settings = WorkflowSettings(

@@ -205,7 +205,7 @@ class WorkflowService:
             contexts=self.contexts,
             max_bytes=self.config.max_body_bytes,
         )
-        view = await self.registry.ensure(workflow_key) if workflow_key else None
+        view = await self.registry.create_or_revive(workflow_key, known) if workflow_key else None
         if expansion is not None:
             request.body = expansion.body
         if meta.priority is not None and "priority" not in request.body:
