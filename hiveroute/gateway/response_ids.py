@@ -17,7 +17,7 @@ import re
 from hiveroute.engines.engine import Engine
 from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import HiverouteError, NotFound
-from hiveroute.state.store import StateStore
+from hiveroute.state.store import StateStore, all_of
 
 PREFIX = "resp:"
 ORDER_KEY = "resp-order"  # the recorded ids, oldest first (the bound)
@@ -57,13 +57,23 @@ class ResponseIds:
         self.pool = pool
         self.ttl_s = ttl_s
         self.max_ids = max_ids
+        # ids the bound pushed out of the order, deleted with the next record's round trip
+        self._dropped: list[str] = []
 
     async def record(self, tenant: str | None, response_id: str, engine: str) -> None:
+        """Record the id before the client sees it (its follow-up may come at once), in one
+        round trip: the first event of a streamed answer waits for it. The ids the bound
+        drops are deleted with the next record (their TTL ends them anyway)."""
         key = id_key(tenant, response_id)
-        if await self.store.set_if_absent(key, engine, ttl_s=self.ttl_s):
-            dropped = await self.store.push_bounded(ORDER_KEY, key, self.max_ids)
-            if dropped:
-                await self.store.delete(*dropped)
+        dropped, self._dropped = self._dropped, []
+        calls = [
+            self.store.set_if_absent(key, engine, ttl_s=self.ttl_s),
+            self.store.push_bounded(ORDER_KEY, key, self.max_ids),
+        ]
+        if dropped:
+            calls.append(self.store.delete(*dropped))
+        _, pushed_out, *_ = await all_of(self.store, *calls)
+        self._dropped.extend(pushed_out)
 
     async def engine_of(self, tenant: str | None, response_id: str) -> str | None:
         return await self.store.get(id_key(tenant, response_id))

@@ -1,0 +1,50 @@
+"""State stores for tests: one across a network, whose round trips can be counted."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hiveroute.state.memory import MemoryStateStore
+
+
+class RoundCountingStore(MemoryStateStore):
+    """A store across a network: calls issued together travel in one round trip. Every call
+    waits for the next round; a round leaves once no new call joined it for a few loop turns."""
+
+    in_process = False
+    METHODS = ("get", "set", "delete", "expire", "hget", "hgetall", "hset", "hdel", "hincrby",
+               "hincrby_many", "hincrbyfloat", "push_bounded", "lrange", "set_if_absent")  # fmt: skip
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rounds = 0
+        self._waiting: list[asyncio.Future[None]] = []
+        # in a call: the calls it makes itself (set_if_absent's set) are local, not a round
+        self._serving = False
+        for name in self.METHODS:
+            setattr(self, name, self._remote(getattr(self, name)))
+
+    def _remote(self, call):  # type: ignore[no-untyped-def]
+        async def remote(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if self._serving:
+                return await call(*args, **kwargs)
+            future = asyncio.get_running_loop().create_future()
+            self._waiting.append(future)
+            if len(self._waiting) == 1:
+                asyncio.get_running_loop().create_task(self._send_round())
+            await future
+            self._serving = True  # the memory store's calls never suspend
+            try:
+                return await call(*args, **kwargs)
+            finally:
+                self._serving = False
+
+        return remote
+
+    async def _send_round(self) -> None:
+        for _ in range(5):  # calls gathered together all join within a few turns
+            await asyncio.sleep(0)
+        self.rounds += 1
+        waiting, self._waiting = self._waiting, []
+        for future in waiting:
+            future.set_result(None)
