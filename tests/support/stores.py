@@ -1,10 +1,22 @@
-"""State stores for tests: one across a network, whose round trips can be counted."""
+"""State stores for tests that stand for one across a network (Redis, the workers' shared
+store): one whose round trips can be counted, one that answers nothing until released."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from hiveroute.state.memory import MemoryStateStore
+
+# the StateStore calls the router makes on a request's way
+REMOTE_METHODS = ("get", "set", "delete", "expire", "hget", "hgetall", "hset", "hdel", "hincrby",
+                  "hincrby_many", "hincrbyfloat", "push_bounded", "lrange", "set_if_absent")  # fmt: skip
+
+
+def _wrap_calls(store: MemoryStateStore, wrap: Any) -> None:
+    """Replace each of `store`'s REMOTE_METHODS by `wrap(method)`."""
+    for name in REMOTE_METHODS:
+        setattr(store, name, wrap(getattr(store, name)))
 
 
 class RoundCountingStore(MemoryStateStore):
@@ -12,8 +24,6 @@ class RoundCountingStore(MemoryStateStore):
     waits for the next round; a round leaves once no new call joined it for a few loop turns."""
 
     in_process = False
-    METHODS = ("get", "set", "delete", "expire", "hget", "hgetall", "hset", "hdel", "hincrby",
-               "hincrby_many", "hincrbyfloat", "push_bounded", "lrange", "set_if_absent")  # fmt: skip
 
     def __init__(self) -> None:
         super().__init__()
@@ -21,8 +31,7 @@ class RoundCountingStore(MemoryStateStore):
         self._waiting: list[asyncio.Future[None]] = []
         # in a call: the calls it makes itself (set_if_absent's set) are local, not a round
         self._serving = False
-        for name in self.METHODS:
-            setattr(self, name, self._remote(getattr(self, name)))
+        _wrap_calls(self, self._remote)
 
     def _remote(self, call):  # type: ignore[no-untyped-def]
         async def remote(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -48,3 +57,22 @@ class RoundCountingStore(MemoryStateStore):
         waiting, self._waiting = self._waiting, []
         for future in waiting:
             future.set_result(None)
+
+
+class StalledStore(MemoryStateStore):
+    """A remote store (every call suspends) that answers nothing until `release` is set."""
+
+    in_process = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.release.set()
+        _wrap_calls(self, self._stalled)
+
+    def _stalled(self, call):  # type: ignore[no-untyped-def]
+        async def stalled(*args, **kwargs):  # type: ignore[no-untyped-def]
+            await self.release.wait()
+            return await call(*args, **kwargs)
+
+        return stalled

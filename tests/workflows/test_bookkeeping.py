@@ -8,7 +8,7 @@ import time
 
 from hiveroute.routing.base import RequestOutcome
 from hiveroute.state.memory import MemoryStateStore
-from tests.support.stores import RoundCountingStore
+from tests.support.stores import RoundCountingStore, StalledStore
 from tests.workflows.test_placement import make_router, request, route
 
 
@@ -92,9 +92,7 @@ async def test_two_requests_that_share_an_x_request_id_are_two_requests_in_fligh
     await service.flush()
 
 
-async def test_a_new_workflows_first_request_waits_for_three_round_trips_before_it_is_sent() -> (
-    None
-):
+async def test_a_new_workflows_first_request_waits_for_three_round_trips() -> None:
     """Reading what the store has of it (one round, not four in turn), creating it (one round,
     not three, and without reading it again before and after), and agreeing on its home. It
     waited for ten: each a wait for another process (the parent under `serve --workers`, Redis
@@ -109,26 +107,6 @@ async def test_a_new_workflows_first_request_waits_for_three_round_trips_before_
     await service.flush()
     assert service.registry.cached_view("w") is not None
     assert await store.get("wf:home:w") in {e.name for e in router.pool.engines}
-
-
-class StalledStore(MemoryStateStore):
-    """A remote store (every call suspends) that answers nothing until `release` is set."""
-
-    in_process = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.release = asyncio.Event()
-        self.release.set()
-        for name in RoundCountingStore.METHODS:
-            setattr(self, name, self._stalled(getattr(self, name)))
-
-    def _stalled(self, call):  # type: ignore[no-untyped-def]
-        async def stalled(*args, **kwargs):  # type: ignore[no-untyped-def]
-            await self.release.wait()
-            return await call(*args, **kwargs)
-
-        return stalled
 
 
 async def test_a_known_workflows_old_view_is_refreshed_after_its_request_is_routed() -> None:
