@@ -116,6 +116,15 @@ class Router:
         )
 
 
+def check_config(config: RouterConfig) -> None:
+    """Build a router from `config` and drop it: what only building finds (a custom policy's
+    parameters, a missing extra, a tokenizer directory) then stops `serve` before it starts
+    any engine or worker, as a usage error, rather than in every worker after the engines."""
+    router = assemble(config)
+    if router.tracing is not None:  # its exporter's thread started with it; nothing to flush
+        router.tracing.provider.shutdown()
+
+
 def assemble(
     config: RouterConfig,
     *,

@@ -371,7 +371,7 @@ class RouterConfig:
         if not 0 < self.keep_warm_max_kv_usage <= 1:
             raise ConfigError("keep_warm_max_kv_usage must be in (0, 1]")
         self.engine_specs  # noqa: B018 - parses each spec, raising ConfigError on a bad one
-        # the policy name is checked by routing.registry.check_policy (the config is a leaf)
+        # the policy is checked by building it (assembly.check_config; the config is a leaf)
         return self
 
 

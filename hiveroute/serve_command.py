@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from hiveroute import runtime
+from hiveroute.assembly import check_config
 from hiveroute.config import RouterConfig, add_config_arguments, load_config
 from hiveroute.gateway.access_log import configure_logging
-from hiveroute.routing.registry import check_policy
 from hiveroute.server import serve
 from hiveroute.workers import serve_workers
 
@@ -24,7 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config: RouterConfig = load_config(args, cls=RouterConfig)
-    check_policy(config)  # before any engine starts
+    check_config(config)  # before any engine starts
     configure_logging(config.log_level)
     try:
         runtime.run(serve(config, serve_workers=serve_workers))

@@ -15,11 +15,11 @@ can copy one into the config file and change a weight:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from hiveroute.config import RouterConfig
 from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import ConfigError
 from hiveroute.kvindex.index import KvIndex
@@ -136,7 +136,11 @@ def _build_plugin(spec: Any, ctx: PluginContext, where: str, plugins: PluginRegi
     except ValueError as exc:
         raise ConfigError(f"{where}: plugin {spec['name']!r}: {exc}") from None
     except TypeError as exc:
-        raise ConfigError(f"{where}: bad parameters for plugin {spec['name']!r}: {exc}") from None
+        # "<lambda>() got an unexpected keyword argument 'x'": the function named is ours
+        reason = re.sub(r"^[\w.<>]+\(\) ", "", str(exc))
+        raise ConfigError(
+            f"{where}: bad parameters for plugin {spec['name']!r}: {reason}"
+        ) from None
 
 
 def build_policy(
@@ -195,12 +199,3 @@ def _check(plugin: Plugin, kind: type[T], where: str) -> T:
 
 def policy_names(custom: Mapping[str, Any] | None = None) -> list[str]:
     return sorted({*BUILTIN_POLICIES, *(custom or {})})
-
-
-def check_policy(config: RouterConfig) -> None:
-    """Refuse an unknown policy name before any engine starts (`serve` calls it first)."""
-    if config.policy not in policy_names(config.policies):
-        raise ConfigError(
-            f"unknown policy {config.policy!r}; choose one of "
-            f"{', '.join(policy_names(config.policies))}"
-        )

@@ -4,15 +4,17 @@ a mistake, and checks that fail before any engine starts."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import hiveroute
 from hiveroute import cli, serve_command
+from hiveroute.assembly import check_config
 from hiveroute.config import RouterConfig
 from hiveroute.errors import ConfigError
-from hiveroute.routing.registry import check_policy, policy_names
+from hiveroute.routing.registry import policy_names
 
 
 def options(parser: argparse.ArgumentParser, name: str) -> list[tuple[str, argparse.Action]]:
@@ -82,6 +84,30 @@ def test_policy_and_admin_key_are_checked_before_engines_start(
     assert "admin_key needs 8 or more characters" in capsys.readouterr().err
     assert started == []
     with pytest.raises(ConfigError, match="unknown policy"):
-        check_policy(RouterConfig(policy="nope").validate())
+        check_config(RouterConfig(policy="nope").validate())
     custom = {"mine": {"scorers": [{"name": "load"}]}}
-    check_policy(RouterConfig(policy="mine", policies=custom).validate())
+    check_config(RouterConfig(policy="mine", policies=custom).validate())
+
+
+def test_what_only_building_finds_stops_serve_before_engines_start(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A custom policy's plugin parameters and a tokenizer directory are found wrong only when
+    the router is built: `serve` builds one first, so each worker does not find it after the
+    engines started (exit 1 from the parent, the error in a worker's log)."""
+    started: list[Any] = []
+    monkeypatch.setattr(serve_command, "serve", lambda config: started.append(config))
+    config = tmp_path / "router.yaml"
+    config.write_text(
+        "policy: mine\npolicies:\n  mine:\n    scorers:\n      - {name: load, bogus: 1}\n"
+    )
+    assert cli.main(["serve", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "policy 'mine' scorers: bad parameters for plugin 'load': "
+        "got an unexpected keyword argument 'bogus'"
+    ) in err
+    assert "<lambda>" not in err
+    assert cli.main(["serve", "--tokenizer", str(tmp_path / "no-such-model")]) == 2
+    assert "no tokenizer.json in" in capsys.readouterr().err
+    assert started == []
