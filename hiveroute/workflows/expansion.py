@@ -168,6 +168,12 @@ def canonical_order(
     )
 
 
+def names_contexts(body: dict[str, Any], *, path: str, refs: tuple[str, ...]) -> bool:
+    """Whether the request names contexts (`context_refs`, or a chat message's context_ref
+    parts): only then can `expand_contexts` refuse it whatever its workflow holds."""
+    return bool(refs) or (path.endswith("/chat/completions") and bool(_inline_refs(body)))
+
+
 async def expand_contexts(
     body: dict[str, Any],
     *,

@@ -12,6 +12,8 @@ store round trip. On a remote store (Redis, or the parent's store under `serve -
 view past its time is refreshed in the background, given a `spawn`: the request routes on the
 view it has, as it would have a moment before. Refreshing in its path cost four round trips in
 turn, each a wait for another process: on a busy two-core host 15 ms for one request in ten.
+For the same reason a new workflow is created in the round trip that reads it
+(`load_or_create`), and its home is claimed after its first request is routed (`claim_home`).
 """
 
 from __future__ import annotations
@@ -180,20 +182,33 @@ class WorkflowRegistry:
             return EXPIRED
         return settings.state
 
-    async def _load(self, workflow_id: str) -> WorkflowView | None:
-        """The workflow as the store has it. One this replica knew active that another ended
-        (or whose keys expired) is told to the listeners here: no longer active, it is not
-        swept again, and keep-warm would have kept its pins for good."""
-        known = self._views.get(workflow_id)
-        was_active = known is not None and known.settings.state == ACTIVE
-        # one round trip: the reads do not depend on each other
-        raw_doc, stats, home, homes = await all_of(
-            self.store,
+    def _read_calls(self, workflow_id: str) -> list[Awaitable[Any]]:
+        """The reads a view is built from (`_view_from`); they do not depend on each other."""
+        return [
             self.store.get(_k("doc", workflow_id)),
             self.store.hgetall(_k("stats", workflow_id)),
             self.store.get(_k("home", workflow_id)),
             self.store.hgetall(_k("homes", workflow_id)),
-        )
+        ]
+
+    async def _load(self, workflow_id: str) -> WorkflowView | None:
+        """The workflow as the store has it, in one round trip."""
+        raw_doc, stats, home, homes = await all_of(self.store, *self._read_calls(workflow_id))
+        return self._view_from(workflow_id, raw_doc, stats, home, homes)
+
+    def _view_from(
+        self,
+        workflow_id: str,
+        raw_doc: str | None,
+        stats: dict[str, str],
+        home: str | None,
+        homes: dict[str, str],
+    ) -> WorkflowView | None:
+        """The view the store's answers to `_read_calls` describe. One this replica knew active
+        that another ended (or whose keys expired) is told to the listeners here: no longer
+        active, it is not swept again, and keep-warm would have kept its pins for good."""
+        known = self._views.get(workflow_id)
+        was_active = known is not None and known.settings.state == ACTIVE
         if raw_doc is None:
             self._views.pop(workflow_id, None)
             if was_active:
@@ -363,6 +378,43 @@ class WorkflowRegistry:
         )
         return bool(created)
 
+    def _new_settings(self, workflow_id: str, ttl_s: float | None) -> WorkflowSettings:
+        return WorkflowSettings(
+            id=workflow_id, created_at=self.clock(), ttl_s=ttl_s or self.limits.ttl_s
+        )
+
+    def _created(self, settings: WorkflowSettings) -> WorkflowView:
+        """The view of a workflow this replica has just created: what was written is all
+        there is to read."""
+        view = WorkflowView(settings=settings, last_active_at=settings.created_at)
+        self._keep(view)
+        return view
+
+    def holds(self, workflow_id: str) -> bool:
+        """Whether this replica has a view of the workflow (of any age)."""
+        return workflow_id in self._views
+
+    async def load_or_create(self, workflow_id: str) -> WorkflowView:
+        """The workflow for a request that runs whatever the store holds, when this replica
+        has no view of it: created unless a replica did, and read, in one round trip (a new
+        workflow's first request waited for a read, then a creation). Its stats are left to
+        the request's `record_start`: written here they would renew an ended one's."""
+        await self._check_capacity()
+        settings = self._new_settings(workflow_id, None)
+        created, *read = await all_of(
+            self.store,
+            self.store.set_if_absent(
+                _k("doc", workflow_id), dumps(settings.to_json()), ttl_s=self._key_ttl(settings)
+            ),
+            *self._read_calls(workflow_id),
+        )
+        if created:
+            return self._created(settings)
+        view = self._view_from(workflow_id, *read)
+        if view is None:  # purged between the creation and the read: create it again
+            return await self.create_or_revive(workflow_id, None)
+        return view
+
     async def ensure(self, workflow_id: str, *, ttl_s: float | None = None) -> WorkflowView:
         """The workflow a request names, created on first sight; revived if it had expired."""
         return await self.create_or_revive(workflow_id, await self.view(workflow_id), ttl_s=ttl_s)
@@ -375,12 +427,9 @@ class WorkflowRegistry:
         created it since is found by the creation, which then fails."""
         if view is None:
             await self._check_capacity()
-            settings = WorkflowSettings(
-                id=workflow_id, created_at=self.clock(), ttl_s=ttl_s or self.limits.ttl_s
-            )
-            if await self._create(settings):  # what was written is all there is to read
-                view = WorkflowView(settings=settings, last_active_at=settings.created_at)
-                self._keep(view)
+            settings = self._new_settings(workflow_id, ttl_s)
+            if await self._create(settings):
+                view = self._created(settings)
             else:  # another replica created it first: read its settings
                 view = await self.view(workflow_id, fresh=True)
             assert view is not None
@@ -453,7 +502,17 @@ class WorkflowRegistry:
     # --- home engines ---------------------------------------------------------------------
 
     async def claim_home(self, view: WorkflowView, engine: str) -> str:
-        """Propose `engine` as the home; every replica reads back the same winner."""
+        """Propose `engine` as the home; every replica reads back the same winner. On a remote
+        store (given a `spawn`) the view takes `engine` at once and the claim is made in the
+        background: the request that proposed it routes on this replica's choice, as it would
+        if it had won, and another replica's winner reaches the view a round trip later."""
+        if self._spawn is None or self.store.in_process:
+            return await self._claim_home(view, engine)
+        view.home = engine
+        self._spawn(self._claim_home(view, engine))
+        return engine
+
+    async def _claim_home(self, view: WorkflowView, engine: str) -> str:
         key = _k("home", view.id)
         ttl = self._key_ttl(view.settings)
         if not await self.store.set_if_absent(key, engine, ttl_s=ttl):

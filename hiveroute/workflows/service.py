@@ -29,7 +29,7 @@ from hiveroute.routing.costs import CostModel
 from hiveroute.state.store import StateStore
 from hiveroute.workflows.accounting import CrossAgentAccountant
 from hiveroute.workflows.contexts import ContextRegistry
-from hiveroute.workflows.expansion import expand_contexts
+from hiveroute.workflows.expansion import expand_contexts, names_contexts
 from hiveroute.workflows.keepwarm import KeepWarm
 from hiveroute.workflows.model import RequestRecord
 from hiveroute.workflows.prefix_text import MIN_WARM_CHARS, common_prefix, leading_text
@@ -191,9 +191,7 @@ class WorkflowService:
     async def before_route(self, request: RoutingRequest) -> None:
         meta = request.metadata
         workflow_key = scoped(request.tenant, meta.workflow_id) if meta.workflow_id else None
-        # Read, not create: a request refused below (an unknown or foreign context) must leave
-        # no workflow behind. A workflow seen for the first time has the default settings.
-        known = await self.registry.view(workflow_key) if workflow_key else None
+        known = await self._known(request, workflow_key) if workflow_key else None
         expansion = await expand_contexts(
             request.body,
             path=request.path,
@@ -240,6 +238,18 @@ class WorkflowService:
         ):
             dropped_id, dropped = self._pending.popitem(last=False)
             dropped.view.in_flight.pop(dropped_id, None)
+
+    async def _known(self, request: RoutingRequest, workflow_key: str) -> WorkflowView | None:
+        """The request's workflow before its contexts are expanded. One this replica holds no
+        view of is created in the same round trip as the read, unless the request names
+        contexts: refused below (an unknown or foreign one), it must leave no workflow behind,
+        so it reads first. A workflow seen for the first time has the default settings."""
+        meta = request.metadata
+        if self.registry.holds(workflow_key) or names_contexts(
+            request.body, path=request.path, refs=meta.context_refs
+        ):
+            return await self.registry.view(workflow_key)
+        return await self.registry.load_or_create(workflow_key)
 
     def _learn_prefix(
         self, view: WorkflowView, request: RoutingRequest, shared_prefix: str | None

@@ -21,13 +21,17 @@ def _wrap_calls(store: MemoryStateStore, wrap: Any) -> None:
 
 class RoundCountingStore(MemoryStateStore):
     """A store across a network: calls issued together travel in one round trip. Every call
-    waits for the next round; a round leaves once no new call joined it for a few loop turns."""
+    waits for the next round; a round leaves once no new call joined it for a few loop turns.
+    `rounds_allowed`: rounds past that many wait until `release` is set (what a request's
+    path does not wait for is left waiting)."""
 
     in_process = False
 
-    def __init__(self) -> None:
+    def __init__(self, rounds_allowed: int | None = None) -> None:
         super().__init__()
         self.rounds = 0
+        self.rounds_allowed = rounds_allowed
+        self.release = asyncio.Event()
         self._waiting: list[asyncio.Future[None]] = []
         # in a call: the calls it makes itself (set_if_absent's set) are local, not a round
         self._serving = False
@@ -53,6 +57,8 @@ class RoundCountingStore(MemoryStateStore):
     async def _send_round(self) -> None:
         for _ in range(5):  # calls gathered together all join within a few turns
             await asyncio.sleep(0)
+        if self.rounds_allowed is not None and self.rounds >= self.rounds_allowed:
+            await self.release.wait()
         self.rounds += 1
         waiting, self._waiting = self._waiting, []
         for future in waiting:

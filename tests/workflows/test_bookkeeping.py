@@ -92,21 +92,45 @@ async def test_two_requests_that_share_an_x_request_id_are_two_requests_in_fligh
     await service.flush()
 
 
-async def test_a_new_workflows_first_request_waits_for_three_round_trips() -> None:
-    """Reading what the store has of it (one round, not four in turn), creating it (one round,
-    not three, and without reading it again before and after), and agreeing on its home. It
-    waited for ten: each a wait for another process (the parent under `serve --workers`, Redis
-    across replicas)."""
+async def test_a_new_workflows_first_request_waits_for_one_round_trip() -> None:
+    """Its creation and the read of what the store has (another replica may have created it)
+    travel together; its home is claimed after the request is routed. It waited for three
+    rounds in turn (ten before that), each a wait for another process: the parent under
+    `serve --workers`, Redis across replicas."""
     router, service = make_router(n=2)
-    store = RoundCountingStore()
+    store = RoundCountingStore(rounds_allowed=1)
     service.registry.store = store
     req = request("w", "planner", "r1")
-    await service.before_route(req)
-    await router.policy.route(req, router.pool.candidates(None))
-    assert store.rounds == 3
+    await asyncio.wait_for(service.before_route(req), timeout=30)
+    decision, _ = await asyncio.wait_for(
+        router.policy.route(req, router.pool.candidates(None)), timeout=30
+    )
+    view = service.registry.cached_view("w")
+    assert view is not None and view.home == decision.engine.name
+    assert await MemoryStateStore.get(store, "wf:home:w") is None  # the claim waits
+    store.release.set()
     await service.flush()
-    assert service.registry.cached_view("w") is not None
-    assert await store.get("wf:home:w") in {e.name for e in router.pool.engines}
+    assert await store.get("wf:home:w") == decision.engine.name
+    assert await store.get("wf:doc:w") is not None
+
+
+async def test_a_home_claimed_first_by_another_replica_wins_after_the_request() -> None:
+    """The request routes on this replica's choice; the store's winner then becomes the
+    view's home, so the workflow's next requests go where every replica sends them."""
+    router, service = make_router(n=2)
+    store = RoundCountingStore(rounds_allowed=1)
+    service.registry.store = store
+    req = request("w", "planner", "r1")
+    await asyncio.wait_for(service.before_route(req), timeout=30)
+    decision, _ = await asyncio.wait_for(
+        router.policy.route(req, router.pool.candidates(None)), timeout=30
+    )
+    other = next(e.name for e in router.pool.engines if e.name != decision.engine.name)
+    await MemoryStateStore.set(store, "wf:home:w", other)  # another replica's claim came first
+    store.release.set()
+    await service.flush()
+    view = service.registry.cached_view("w")
+    assert view is not None and view.home == other
 
 
 async def test_a_known_workflows_old_view_is_refreshed_after_its_request_is_routed() -> None:
