@@ -274,9 +274,8 @@ class KvEventSubscriber:
                 if batches and batches[0].seq == expected - 1 and batches[0].ts == self._last_ts:
                     self._apply_run(batches[1:], expected)  # same publisher: apply what we missed
                     return
-                self.stats.publisher_restarts += 1
-                log.info("KV-event publisher of %s restarted; rebuilding its entries", self.engine)
-                self._restarted()
+                await self._rebuild_after_restart()
+                return
             everything = await self._replay(0)
             if everything:  # all the buffer still holds (a long-lived engine's recent past)
                 self._apply_run(everything, everything[0].seq)
@@ -371,8 +370,21 @@ class KvEventSubscriber:
             del self._recent[next(iter(self._recent))]
 
     async def _recover(self, first_missing: int, upto: int) -> None:
-        """Fill seq [first_missing, upto) from the replay socket, or drop the engine's entries."""
-        batches = await self._replay(first_missing) if self.replay_endpoint else None
+        """Fill seq [first_missing, upto) from the replay socket, or drop the engine's entries.
+
+        The replay starts one batch early, at the last one applied, to check that it is the
+        same batch (as `resync` does): an engine that restarted unnoticed and whose new
+        sequence has passed ours also looks like a gap, and its new batches applied on top of
+        the old run's entries would leave those standing for blocks its empty cache lacks."""
+        batches = None
+        if self.replay_endpoint is not None:
+            last = first_missing - 1
+            batches = await self._replay(max(last, 0))
+            if batches and last >= 0 and batches[0].seq == last and self._last_ts is not None:
+                if batches[0].ts != self._last_ts:
+                    await self._rebuild_after_restart(upto)
+                    return
+                batches = batches[1:]
         wanted = [b for b in batches or [] if first_missing <= b.seq < upto]
         complete = [b.seq for b in wanted] == list(range(first_missing, upto))
         if complete:
@@ -390,6 +402,18 @@ class KvEventSubscriber:
             # joining late with a partial buffer: use what there is
         for batch in wanted:
             self._apply(batch)
+
+    async def _rebuild_after_restart(self, upto: int | None = None) -> None:
+        """The publisher restarted: drop the engine's entries and apply the new run from the
+        replay buffer, all it still holds (a long-lived engine's recent past), or up to `upto`
+        (the live batch that revealed the restart, applied next)."""
+        self.stats.publisher_restarts += 1
+        log.info("KV-event publisher of %s restarted; rebuilding its entries", self.engine)
+        self._restarted()
+        everything = await self._replay(0)
+        if everything:
+            run = everything if upto is None else [b for b in everything if b.seq < upto]
+            self._apply_run(run, everything[0].seq)
 
     async def _replay(self, start: int) -> list[EventBatch] | None:
         assert self.replay_endpoint is not None

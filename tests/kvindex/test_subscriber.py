@@ -144,6 +144,34 @@ async def test_engine_restart_resets_its_entries_and_reconnects(ctx: zmq.asyncio
         await pub.close()
 
 
+async def test_a_restart_seen_first_as_a_gap_is_told_from_one(ctx: zmq.asyncio.Context) -> None:
+    """The engine restarted without the subscriber reconnecting (so no resync ran), and its
+    new sequence passed ours: the next message looks like a gap. The batch before the gap is
+    not the one applied last (another timestamp), so the old run's entries go; replaying the
+    new run from where ours stopped kept them, for blocks the new, empty cache lacks."""
+    pub = FakePublisher(ctx)
+    index = KvIndex()
+    sub = await _subscribe(ctx, pub, index)
+    try:
+        for i in range(3):
+            await pub.publish([stored([10 + i], list(range(i * 4, i * 4 + 4)))])
+        await wait_until(lambda: sub.stats.last_seq == 2)
+        assert index.engine_hashes("e1") == {10, 11, 12}
+        time.sleep(0.002)  # the new run's batches carry later timestamps
+        pub.buffer.clear()  # the engine restarts on the same sockets: a new run from seq 0
+        pub.seq = 0
+        pub.truth.clear()
+        for i in range(4):  # published before the router heard of it (lost on the way)
+            await pub.publish([stored([50 + i], list(range(100 + i * 4, 104 + i * 4)))], lose=True)
+        await pub.publish([stored([60], list(range(300, 304)))])  # seq 4: past our 3
+        await wait_until(lambda: sub.stats.last_seq == 4)
+        assert sub.stats.publisher_restarts == 1 and sub.stats.gaps_replayed == 0
+        assert index.engine_hashes("e1") == pub.truth == {50, 51, 52, 53, 60}
+    finally:
+        await sub.stop()
+        await pub.close()
+
+
 async def test_garbage_is_counted_and_skipped(ctx: zmq.asyncio.Context) -> None:
     pub = FakePublisher(ctx)
     index = KvIndex()
