@@ -35,6 +35,7 @@ from hiveroute.kvindex.shared_chunks import SharedChunksCollector, SharedChunkSt
 from hiveroute.kvindex.tokenizer import Tokenizer, load_tokenizer
 from hiveroute.lifecycle import Component
 from hiveroute.observability.dashboard import add_dashboard_routes
+from hiveroute.observability.loop_lag import LoopLagProbe
 from hiveroute.observability.metrics import RouterMetrics
 from hiveroute.observability.tracing import Tracing, build_tracing
 from hiveroute.routing.backlog import PrefillBacklog
@@ -156,7 +157,7 @@ def assemble(
     admission = AdmissionController(
         config.max_in_flight, config.admission_queue_depth, config.admission_timeout_s
     )
-    components: list[Component] = []
+    components: list[Component] = [LoopLagProbe(metrics.loop_lag)]
     discovery = build_discovery(config, pool)
     if discovery is not None:
         components.append(discovery)

@@ -164,6 +164,14 @@ ROWS: tuple[Row, ...] = (
                 description="Parsing and routing before the request leaves for an engine.",
             ),
             Panel(
+                "Router event-loop lag",
+                quantiles("hiveroute_event_loop_lag_seconds", "", "", (0.5, 0.99)),
+                unit="s",
+                description="How late a worker's event loop ran a timer: the wait a request "
+                "meets before the router reads it. A p99 near the TTFT budget asks for more "
+                "workers or cores.",
+            ),
+            Panel(
                 "TTFT by agent role (p95)",
                 quantiles("hiveroute_agent_ttft_seconds", "role", "", (0.95,)),
                 unit="s",
