@@ -13,8 +13,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-# Gauges that are each worker's share of one total.
-SUMMED_GAUGES = frozenset({"hiveroute_in_flight_requests", "hiveroute_workflows_active"})
+# Gauges that are each worker's share of one total. (`hiveroute_workflows_active` is not: each
+# worker counts the store's, which the workers share.)
+SUMMED_GAUGES = frozenset({"hiveroute_in_flight_requests"})
 # Families every worker builds from the same engines' events: one view, seen N times.
 SHARED_VIEW_PREFIX = "hiveroute_kv_"
 

@@ -484,6 +484,33 @@ class WorkflowRegistry:
                 self._notify(workflow_id, EXPIRED)
         return expired
 
+    async def count_active(self, *, batch: int = 500) -> int:
+        """Active workflows in the store: what every replica and worker sharing it reports
+        alike (each one's views are only the workflows it served). Read `batch` workflows a
+        round trip, and the loop is given a turn between rounds: at `max_workflows` that is
+        20 rounds, not one stall."""
+        ids = [
+            key[len("wf:doc:") :]
+            for key in await self.store.scan("wf:doc:", limit=self.limits.max_workflows)
+        ]
+        active = 0
+        for first in range(0, len(ids), batch):
+            some = ids[first : first + batch]
+            reads: list[Awaitable[Any]] = []
+            for workflow_id in some:
+                reads.append(self.store.get(_k("doc", workflow_id)))
+                reads.append(self.store.hget(_k("stats", workflow_id), "last_active_at"))
+            answers = await all_of(self.store, *reads)
+            for raw_doc, last in zip(answers[::2], answers[1::2], strict=True):
+                if raw_doc is None:  # purged since the scan
+                    continue
+                settings = WorkflowSettings.from_json(loads(raw_doc))
+                last_active_at = float(last) if last else settings.created_at
+                if self._effective_state(settings, last_active_at) == ACTIVE:
+                    active += 1
+            await asyncio.sleep(0)
+        return active
+
     async def _observe_completion(self, workflow_id: str) -> None:
         """Completion time (first request in to last response out) of a workflow that ended."""
         if self.completion_observer is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -41,6 +42,8 @@ log = logging.getLogger("hiveroute.workflows")
 
 MAX_PENDING = 100_000
 SWEEP_EVERY_S = 1.0
+# how often the active workflows are counted in the store: Prometheus' default scrape interval
+COUNT_EVERY_S = 15.0
 
 
 @dataclass
@@ -70,7 +73,7 @@ class WorkflowMetrics:
         )
         self.active = Gauge(
             "hiveroute_workflows_active",
-            "Active workflows this router replica knows",
+            "Active workflows in the router's state store (replicas sharing one report alike)",
             registry=registry,
         )
         self.keep_warm = Counter(
@@ -148,11 +151,14 @@ class WorkflowService:
         await self.flush()
 
     async def _sweep_loop(self) -> None:
+        counted_at = -math.inf
         while True:
             await asyncio.sleep(SWEEP_EVERY_S)
             try:
                 await self.registry.sweep()
-                self.metrics.active.set(len(self.registry.active_views()))
+                if time.monotonic() - counted_at >= COUNT_EVERY_S:
+                    counted_at = time.monotonic()
+                    self.metrics.active.set(await self.registry.count_active())
             except Exception:
                 log.exception("workflow sweep failed")
 

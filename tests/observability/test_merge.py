@@ -16,6 +16,7 @@ def worker_text(requests: float, in_flight: float, up: float, kv_events: float) 
     )
     Gauge("hiveroute_engine_up", "up", ["engine"], registry=r).labels("e1").set(up)
     Counter("hiveroute_kv_events", "events", ["engine"], registry=r).labels("e1").inc(kv_events)
+    Gauge("hiveroute_workflows_active", "in the shared store", registry=r).set(5)
     return generate_latest(r).decode()
 
 
@@ -33,6 +34,7 @@ def test_work_is_summed_and_shared_views_are_not_counted_twice() -> None:
     assert value(merged, "hiveroute_in_flight_requests") == 3
     assert value(merged, "hiveroute_engine_up") == 1  # one engine, seen up by a worker
     assert value(merged, "hiveroute_kv_events_total") == 10  # every worker applies the same events
+    assert value(merged, "hiveroute_workflows_active") == 5  # each counts the store they share
 
 
 def test_overviews_sum_counts_and_recompute_rates() -> None:

@@ -261,3 +261,36 @@ async def test_a_workflow_ended_by_another_replica_is_told_to_the_listeners_here
     assert heard == [("w", "ended")]
     await a.view("w", fresh=True)
     assert heard == [("w", "ended")]  # once
+
+
+async def test_workers_sharing_a_store_count_its_active_workflows_alike() -> None:
+    """Each worker (or replica) holds views of the workflows it served only: summing the
+    counts of its views counted a workflow served by two workers twice. Each counts the
+    store's instead: the same number, what the metrics' merge now takes once."""
+    store = MemoryStateStore()
+    clock = Clock()
+    one, two = (WorkflowRegistry(store, RegistryLimits(ttl_s=60.0), clock=clock) for _ in range(2))
+    await one.ensure("both")  # served by both workers
+    await two.ensure("both")
+    await one.ensure("first")
+    await two.ensure("second")
+    await one.ensure("ended")
+    await one.end("ended")
+    assert len(one.active_views()) + len(two.active_views()) == 4  # what the sum said
+    assert await one.count_active() == await two.count_active() == 3
+    clock.now += 30.0
+    await two.ensure("second")  # active again: its stats say so to every worker
+    await two.record_start(
+        two.cached_view("second"),  # type: ignore[arg-type]
+        two.new_record(
+            two.cached_view("second"),  # type: ignore[arg-type]
+            request_id="r1",
+            agent_id=None,
+            agent_role=None,
+            stage=None,
+            parent_request_id=None,
+            parent_agent_id=None,
+        ),
+    )
+    clock.now += 40.0  # "both" and "first" idle past their TTL, "second" not
+    assert await one.count_active(batch=1) == 1
