@@ -91,6 +91,9 @@ def figures_of(summary: dict[str, Any], requests: list[dict[str, Any]]) -> dict[
         "engine_ttft_mean": summary.get("engine_ttft_s_mean"),
         # the router's processes' CPU per request sent (None for runs made before it was read)
         "router_cpu_ms": summary.get("router_cpu_ms_per_request"),
+        # how late the router's event loop ran, p99 (hiveroute only): the wait a request met
+        # inside the router before it was read
+        "router_loop_lag_ms_p99": summary.get("router_loop_lag_ms_p99"),
         "engine_requests": [round(engines[k]) for k in sorted(engines)],
         "downstream_ttft_mean": mean(downstream) if downstream else None,
         "workflow_s_mean": summary.get("unit_s_mean")

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from hiveroute.bench import plots
+from hiveroute.bench import plots, router_lag
 from hiveroute.bench.driver import CellRun, DriverOptions
 from hiveroute.bench.engines import EngineOptions, Fleet, start_fleet
 from hiveroute.bench.environment import describe_environment
@@ -82,6 +82,9 @@ class _Cell:
     engine_ttft_count: float = 0.0
     engine_requests: dict[str, float] = field(default_factory=dict)
     router_cpu_s: float | None = 0.0  # None once a slice could not read it
+    # the router's event-loop lag histogram, grown over the slices (None: not hiveroute, or
+    # a slice could not read it)
+    loop_lag: router_lag.Buckets | None = field(default_factory=dict)
 
 
 def split_slices(units: list[Unit], slices: int) -> list[list[Unit]]:
@@ -210,6 +213,7 @@ async def run_benchmark(options: RunOptions) -> RunResult:
             (cell.engine_hits, cell.engine_queries),
             (cell.engine_ttft_sum, cell.engine_ttft_count),
             cell.router_cpu_s,
+            cell.loop_lag or None,
         )
         summary["engine_requests"] = dict(sorted(cell.engine_requests.items()))
         summaries.append({"target": cell.target, "workload": cell.workload, **summary})
@@ -258,11 +262,17 @@ async def _run_slice(
         options=driver,
         progress=bar,
     )
+    lag_before = await _loop_lag(http, cell, target)
     started = time.perf_counter()
     cpu_before = target.cpu_seconds()
     async with LoadSampler(http, fleet.urls, clock) as sampler:
         await run.run(units)
     cpu_after = target.cpu_seconds()
+    lag_after = await _loop_lag(http, cell, target)
+    if cell.loop_lag is not None and lag_before is not None and lag_after is not None:
+        router_lag.add(cell.loop_lag, router_lag.growth(lag_before, lag_after))
+    else:
+        cell.loop_lag = None
     cell.wall_s += time.perf_counter() - started
     if cell.router_cpu_s is not None and cpu_before is not None and cpu_after is not None:
         cell.router_cpu_s += cpu_after - cpu_before
@@ -281,6 +291,15 @@ async def _run_slice(
     cell.engine_ttft_count += ttft_count
     for engine, done in engine_request_counts(sampler.samples).items():
         cell.engine_requests[engine] = cell.engine_requests.get(engine, 0.0) + done
+
+
+async def _loop_lag(
+    http: aiohttp.ClientSession, cell: _Cell, target: RunningTarget
+) -> router_lag.Buckets | None:
+    """The router's lag buckets now, for a hiveroute router the harness started."""
+    if cell.loop_lag is None or not target.spec.is_hiveroute or target.spec.external:
+        return None
+    return await router_lag.read_buckets(http, target.urls)
 
 
 def _say(options: RunOptions, text: str) -> None:

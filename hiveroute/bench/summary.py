@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from hiveroute.bench import router_lag
 from hiveroute.bench.records import LoadSample, RequestRecord, UnitRecord
 
 
@@ -35,12 +36,14 @@ def summarize_cell(
     engine_counts: tuple[float, float] = (0.0, 0.0),
     engine_ttft: tuple[float, float] = (0.0, 0.0),
     router_cpu_s: float | None = None,
+    loop_lag: Mapping[float, float] | None = None,
 ) -> dict[str, Any]:
     """`engine_counts`: the engines' own (prefix-cache hits, queries); `engine_ttft`: their own
     (TTFT seconds summed, requests), so the time the router adds shows beside the clients'.
     `router_cpu_s`: the CPU the router's processes used meanwhile (None when not measured),
     per request sent: what a router costs on a real workload (streams relayed, KV events
-    read), not only on a benchmark's instant answers."""
+    read), not only on a benchmark's instant answers. `loop_lag`: the router's event-loop lag
+    histogram over the run (bench/router_lag.py), None for a router that exports none."""
     measured = [r for r in records if not r.cut]
     ok = [r for r in measured if r.ok]
     prompt = sum(r.prompt_tokens or 0 for r in ok)
@@ -81,8 +84,18 @@ def summarize_cell(
         "router_cpu_ms_per_request": router_cpu_s * 1000 / len(records)
         if router_cpu_s is not None and records
         else None,
+        **_lag_quantiles(loop_lag),
     }
     return summary
+
+
+def _lag_quantiles(loop_lag: Mapping[float, float] | None) -> dict[str, float | None]:
+    """The router's event-loop lag p50/p99 in ms (None where it was not measured)."""
+    out: dict[str, float | None] = {}
+    for q in (0.5, 0.99):
+        value = router_lag.quantile(q, loop_lag) if loop_lag else None
+        out[f"router_loop_lag_ms_p{round(q * 100)}"] = None if value is None else value * 1000
+    return out
 
 
 def requests_per_engine(records: Iterable[RequestRecord]) -> dict[str, int]:
@@ -150,6 +163,7 @@ TABLE_COLUMNS = (
     ("hit_rate", "hit rate", "pct"),
     ("output_tokens_per_s", "out tok/s", "int"),
     ("router_cpu_ms_per_request", "router CPU ms/req", "1f"),
+    ("router_loop_lag_ms_p99", "router loop lag p99 ms", "1f"),
 )
 
 
