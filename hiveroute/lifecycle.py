@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+import asyncio
+import contextlib
+from typing import Any, Protocol
 
 
 class Component(Protocol):
@@ -13,3 +15,13 @@ class Component(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a component's background task and wait until it has ended (its `finally`
+    blocks run before `stop` returns); None, or a task already done: nothing to cancel."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -50,6 +50,7 @@ from hiveroute.gateway.app import handle_metrics
 from hiveroute.gateway.parts import GATEWAY_KEY
 from hiveroute.kvindex.prefix_cache import MAX_TOKENS
 from hiveroute.kvindex.shared_chunks import SharedChunkStore
+from hiveroute.lifecycle import cancel_and_wait
 from hiveroute.observability.dashboard import add_dashboard_routes
 from hiveroute.observability.merge import merge_metrics, merge_overviews
 from hiveroute.runtime import freeze_startup_objects, wait_for_shutdown_signal
@@ -267,9 +268,7 @@ async def _all_say(
     await asyncio.wait({messages, stopped}, return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
     if not messages.done():
-        messages.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await messages
+        await cancel_and_wait(messages)
         return False
     try:
         found = messages.result()

@@ -4,7 +4,6 @@ own prefix-cache and time-to-first-token counters."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -12,6 +11,7 @@ import aiohttp
 
 from hiveroute.bench.records import LoadSample
 from hiveroute.engines.prom_text import parse_prometheus_text
+from hiveroute.lifecycle import cancel_and_wait
 
 
 class LoadSampler:
@@ -35,10 +35,7 @@ class LoadSampler:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         await self.sample_once()
 
     async def _loop(self) -> None:

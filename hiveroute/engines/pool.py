@@ -8,7 +8,6 @@ than at the next check, and the checker puts it back when it answers again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -19,6 +18,7 @@ from hiveroute.engines.client import EngineClient
 from hiveroute.engines.engine import Engine, EngineLoad, EngineSpec, SharedEngineLoad
 from hiveroute.engines.load_board import LoadBoard
 from hiveroute.engines.prom_text import info_labels, parse_prometheus_text
+from hiveroute.lifecycle import cancel_and_wait
 
 log = logging.getLogger("hiveroute.engines")
 
@@ -144,11 +144,8 @@ class EnginePool:
         self._task = asyncio.create_task(self._loop(), name="engine-health")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _loop(self) -> None:
         while True:

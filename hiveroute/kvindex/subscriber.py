@@ -29,6 +29,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from hiveroute.kvindex.events import EventBatch, EventDecodeError, decode_message
 from hiveroute.kvindex.index import KvIndex
+from hiveroute.lifecycle import cancel_and_wait
 
 log = logging.getLogger("hiveroute.kvindex.events")
 
@@ -114,17 +115,10 @@ class KvEventSubscriber:
     async def stop(self) -> None:
         self.detach()
         reading = self._reading  # a replay in progress holds a socket of the context open
-        for task in (self._monitor_task, self._task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(self._monitor_task)
+        await cancel_and_wait(self._task)
         self._monitor_task = None
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        self._task = None
         self._close_socket()
         if reading is not None:  # cancelled by `_close_socket`: let it close its socket
             await asyncio.gather(reading, return_exceptions=True)

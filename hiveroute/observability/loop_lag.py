@@ -10,9 +10,10 @@ its p99 nears the TTFT budget, the router needs more workers or cores, not anoth
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from prometheus_client import Histogram
+
+from hiveroute.lifecycle import cancel_and_wait
 
 INTERVAL_S = 0.25  # four samples a second per worker: a cost no profile shows
 
@@ -30,11 +31,8 @@ class LoopLagProbe:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="loop-lag")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -9,7 +9,6 @@ layer (`server.py`) only submits requests and reads their tokens.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from hiveroute.kvindex.tokenizer import BUILTIN_SPECIAL, Tokenizer
+from hiveroute.lifecycle import cancel_and_wait
 from hiveroute.sim.clock import PreciseTimer
 from hiveroute.sim.config import SimConfig
 from hiveroute.sim.deadlines import DeadlineBoard, SizedWorkCost, WorkCost
@@ -215,11 +215,8 @@ class SimEngine:
         )
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         for handle in list(self._handles.values()):
             self.abort(handle)
         for _, timer in self._pins.values():

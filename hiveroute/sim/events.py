@@ -24,6 +24,8 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from hiveroute.lifecycle import cancel_and_wait
+
 log = logging.getLogger("hiveroute.sim.events")
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
@@ -165,11 +167,8 @@ class EventPublisher:
             self._pub = None
 
     async def _close_replay(self) -> None:
-        if self._replay_task is not None:
-            self._replay_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._replay_task
-            self._replay_task = None
+        await cancel_and_wait(self._replay_task)
+        self._replay_task = None
         if self._replay is not None:
             self._replay.close(0)
             self._replay = None

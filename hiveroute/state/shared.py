@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from hiveroute.lifecycle import cancel_and_wait
 from hiveroute.state.memory import MemoryStateStore
 
 log = logging.getLogger("hiveroute.state")
@@ -277,8 +278,5 @@ class SharedStateClient:
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.close()
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader_task
-            self._reader_task = None
+        await cancel_and_wait(self._reader_task)
+        self._reader_task = None
