@@ -114,11 +114,15 @@ class KvEventSubscriber:
 
     async def stop(self) -> None:
         self.detach()
-        reading = self._reading  # a replay in progress holds a socket of the context open
         await cancel_and_wait(self._monitor_task)
         await cancel_and_wait(self._task)
         self._monitor_task = None
         self._task = None
+        # A replay in progress holds a socket of the context open. Taken only now: while the
+        # tasks above ended, the socket could still be read, and a message needing a replay
+        # started one (a busy machine's test left its socket open, and terminating the context
+        # would have hung on it). Once `_close_socket` has run, nothing reads any more.
+        reading = self._reading
         self._close_socket()
         if reading is not None:  # cancelled by `_close_socket`: let it close its socket
             await asyncio.gather(reading, return_exceptions=True)
