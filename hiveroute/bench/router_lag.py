@@ -45,8 +45,7 @@ async def read_buckets(http: aiohttp.ClientSession, urls: Sequence[str]) -> Buck
         found = parse_buckets(text)
         if found is None:
             return None
-        for bound, count in found.items():
-            total[bound] = total.get(bound, 0.0) + count
+        add(total, found)
     return total
 
 
