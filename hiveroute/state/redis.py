@@ -157,6 +157,7 @@ class RedisStateStore:
         self.journal = Journal(self.local, max_keys=journal_max_keys)
         self.metrics: StateMetrics | None = None
         self.up = True  # until a call fails
+        self.up_since_outages = 0  # how many outages have ended: which up period a call began in
         self.down_since: float | None = None
         self.generation: str | None = None  # Redis' data generation when last seen up
         self._probe: asyncio.Task[None] | None = None
@@ -239,20 +240,29 @@ class RedisStateStore:
         timeout_s: float | None = None,
         socket_bound: bool = False,
     ) -> T:
-        """`raw`, or BackendDown at once while Redis is down (the caller goes local)."""
-        if not self.up:
-            if self.metrics is not None:
-                self.metrics.local_operations.labels(self.name).inc()
-            raise BackendDown
-        try:
-            return await self.raw(op, timeout_s=timeout_s, socket_bound=socket_bound)
-        except UNAVAILABLE as exc:
-            self._went_down(exc)
-            raise BackendDown from None
-        except ResponseError:  # a mistake of the command's (WRONGTYPE, a script's), not Redis's
-            raise
-        except FAILURES as exc:
-            self._went_down(exc)
+        """`raw`, or BackendDown at once while Redis is down (the caller goes local).
+
+        A call that began before an outage which has since ended (it hung on a connection
+        the outage left behind) is tried again: its failure says nothing of Redis now, and
+        going down for it would start a second outage that nothing caused."""
+        while True:
+            if not self.up:
+                if self.metrics is not None:
+                    self.metrics.local_operations.labels(self.name).inc()
+                raise BackendDown
+            began_in = self.up_since_outages
+            try:
+                return await self.raw(op, timeout_s=timeout_s, socket_bound=socket_bound)
+            except UNAVAILABLE as exc:
+                failure: BaseException = exc
+            except ResponseError:  # a mistake of the command's (WRONGTYPE, a script's)
+                raise
+            except FAILURES as exc:
+                failure = exc
+            if began_in != self.up_since_outages and self.up:
+                self._count_error(failure)
+                continue
+            self._went_down(failure)
             raise BackendDown from None
 
     def _count_error(self, exc: BaseException) -> None:
@@ -296,6 +306,7 @@ class RedisStateStore:
                 self.journal.clear()
                 summary = "reconciliation failed"
             self.up = True  # no await since the journal was found empty
+            self.up_since_outages += 1
             self._probe = None
             outage = time.monotonic() - (self.down_since or time.monotonic())
             if self.metrics is not None:

@@ -16,7 +16,7 @@ from hiveroute.bench.redis_server import RedisServer
 from hiveroute.errors import ConfigError
 from hiveroute.observability.metrics import StateMetrics
 from hiveroute.runtime import free_port
-from hiveroute.state.redis import RedisStateStore, parse_redis_url
+from hiveroute.state.redis import BackendDown, RedisStateStore, parse_redis_url
 from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.services
@@ -275,3 +275,51 @@ async def test_a_redis_that_refuses_writes_is_down_for_this_replica(
     finally:
         await store.close()
         await direct.execute_command("REPLICAOF", "NO", "ONE")
+
+
+async def test_a_call_held_over_an_outage_that_has_ended_starts_no_second_one(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A call that hung on a connection when Redis went away can fail after Redis is back.
+    Its failure said nothing of Redis now, yet it started a second outage: the replica served
+    locally again, and its counters reached the other replicas only after another probe."""
+    caplog.set_level(logging.INFO, logger="hiveroute.state")
+    store = RedisStateStore(redis_server.url + FAST)
+    held, release = asyncio.Event(), asyncio.Event()
+    attempts = 0
+
+    async def held_over() -> int:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            held.set()
+            await release.wait()
+            raise TimeoutError("the reply the outage held back")
+        return int(await store.redis.hincrby(store.k("h"), "n", 1))
+
+    async def unanswered() -> None:
+        raise TimeoutError("no answer")
+
+    try:
+        await store.connect()
+        late = asyncio.create_task(store.call(held_over))
+        await held.wait()
+        with pytest.raises(BackendDown):
+            await store.call(unanswered)  # the outage, found by another call
+        await wait_until_up(store)
+        release.set()
+        assert await late == 1  # tried again on Redis, which answered
+        assert attempts == 2 and store.up and outage_lines(caplog) == (1, 1)
+
+        attempts = 0
+        held.clear(), release.clear()
+        late = asyncio.create_task(store.call(held_over))
+        await held.wait()
+        with pytest.raises(BackendDown):
+            await store.call(unanswered)
+        release.set()  # fails while Redis is still down: its caller goes local
+        with pytest.raises(BackendDown):
+            await late
+        assert attempts == 1
+    finally:
+        await store.close()
