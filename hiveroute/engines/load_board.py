@@ -16,6 +16,12 @@ per engine per worker). A slot records which workers hold it and is freed when t
 lets the engine go, so churn does not fill the table; when it is full all the same, the engine
 is counted locally only (a warning, once). It lives under `engines` because both the pool and
 the prefill backlog (routing) read it.
+
+Health is a fact about the engine, not about a worker, so one worker per engine checks it: the
+engine's prober, the lowest-numbered worker holding its slot (so a worker that lets the engine
+go hands the checks on). The prober writes what each round found in the slot's health record,
+and the others read it there instead of asking the engine again: N workers cost an engine one
+worker's health checks, not N (see pool.py).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import mmap
 import os
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -36,13 +43,30 @@ log = logging.getLogger("hiveroute.engines")
 
 MAX_WORKERS = 8  # `serve --workers` allows 1..8; a slot's holders are bits of one word
 DEFAULT_SLOTS = 1024
-_MAGIC = b"HRBOARD1"
+_MAGIC = b"HRBOARD2"
 _HEADER = struct.Struct("<8sQQ")  # magic, workers, slots
 _HEADER_BYTES = 64
 _EMPTY, _FREED = 0, 1  # hash values that mark a slot never used / given back
 # a cell's fields, each a float64 (counts are exact to 2**53)
 IN_FLIGHT, BACKLOG_TOKENS, BACKLOG_REQUESTS, BACKLOG_SINCE, LIVE_BLOCKS, LIVE_AT = range(6)
 FIELDS = 6
+# the health record of a slot (one writer: the engine's prober), each a float64
+(
+    CHECKED_AT,
+    HEALTHY,
+    REACHABLE,
+    RUNNING,
+    WAITING,
+    KV_USAGE,
+    SCRAPED_AT,
+    IN_FLIGHT_AT_SCRAPE,
+    KV_CAPACITY,
+    BLOCK_SIZE,
+    MODELS_HASH,
+    REASON_LENGTH,
+) = range(12)
+HEALTH_FIELDS = 12
+REASON_BYTES = 256  # why the engine is down, as the prober's check found it (UTF-8, cut short)
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -53,12 +77,52 @@ def name_hash(name: str) -> int:
     return value if value > _FREED else value + 2
 
 
-def _layout(workers: int, slots: int) -> tuple[int, int, int, int]:
-    """Offsets of the hashes, the holders and the cells, and the file's size."""
+def models_hash(models: set[str]) -> int:
+    """A set of model ids as a number a float64 holds exactly (53 bits); 0: none listed."""
+    if not models:
+        return 0
+    digest = hashlib.blake2b("\n".join(sorted(models)).encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 11) or 1
+
+
+@dataclass(frozen=True)
+class _Layout:
+    hashes: int
+    holders: int
+    cells: int
+    health: int
+    reasons: int
+    size: int
+
+
+def _layout(workers: int, slots: int) -> _Layout:
+    """Offsets of the hashes, the holders, the cells, the health records and their reasons,
+    and the file's size."""
     hashes = _HEADER_BYTES
     holders = hashes + 8 * slots
     cells = holders + 8 * slots
-    return hashes, holders, cells, cells + 8 * workers * slots * FIELDS
+    health = cells + 8 * workers * slots * FIELDS
+    reasons = health + 8 * slots * HEALTH_FIELDS
+    return _Layout(hashes, holders, cells, health, reasons, reasons + slots * REASON_BYTES)
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """What the prober's latest check of an engine found (`checked_at`: time.monotonic() at
+    its end, which every process of a host reads alike)."""
+
+    checked_at: float
+    healthy: bool
+    reachable: bool  # down, but it answered late rather than not at all
+    reason: str | None
+    running: float
+    waiting: float
+    kv_usage: float
+    scraped_at: float
+    in_flight_at_scrape: int
+    kv_capacity_blocks: int | None
+    block_size: int | None
+    models_hash: int
 
 
 class EngineCell:
@@ -67,19 +131,90 @@ class EngineCell:
     memory until the worker lets the engine go; then they point at private zeros, so a late
     write from a request still on that engine reaches no one."""
 
-    __slots__ = ("column", "in_flight_column", "index", "mine")
+    __slots__ = ("column", "health", "holders", "in_flight_column", "index", "mine", "reason")
 
-    def __init__(self, column: FloatArray, index: int) -> None:
+    def __init__(
+        self,
+        column: FloatArray,
+        index: int,
+        health: FloatArray,
+        holders: npt.NDArray[np.uint64],
+        reason: memoryview,
+    ) -> None:
         self.index = index  # this worker's row in `column`
-        self._point(column)
+        self._point(column, health, holders, reason)
 
-    def _point(self, column: FloatArray) -> None:
+    def _point(
+        self,
+        column: FloatArray,
+        health: FloatArray,
+        holders: npt.NDArray[np.uint64],
+        reason: memoryview,
+    ) -> None:
         self.column = column
         self.mine = column[self.index]
         self.in_flight_column = column[:, IN_FLIGHT]  # every worker's requests in flight
+        self.health = health  # the slot's health record
+        self.holders = holders  # one word: a bit per worker holding the slot
+        self.reason = reason
 
     def detach(self) -> None:
-        self._point(np.zeros_like(self.column))
+        mine = np.array([1 << self.index], dtype=np.uint64)
+        self._point(
+            np.zeros_like(self.column),
+            np.zeros_like(self.health),
+            mine,
+            memoryview(bytearray(REASON_BYTES)),
+        )
+
+    def probes(self) -> bool:
+        """Whether this worker checks the engine's health for every worker: it is the
+        lowest-numbered one holding the slot."""
+        held = int(self.holders[0])
+        return held & -held == 1 << self.index
+
+    def publish_health(self, report: HealthReport) -> None:
+        """The prober's round, for the others (the time last: a reader that sees it new sees
+        the rest of this round, or a newer one)."""
+        health = self.health
+        health[HEALTHY] = report.healthy
+        health[REACHABLE] = report.reachable
+        health[RUNNING] = report.running
+        health[WAITING] = report.waiting
+        health[KV_USAGE] = report.kv_usage
+        health[SCRAPED_AT] = report.scraped_at
+        health[IN_FLIGHT_AT_SCRAPE] = report.in_flight_at_scrape
+        health[KV_CAPACITY] = report.kv_capacity_blocks or 0
+        health[BLOCK_SIZE] = report.block_size or 0
+        health[MODELS_HASH] = report.models_hash
+        reason = (report.reason or "").encode()[:REASON_BYTES]
+        if int(health[REASON_LENGTH]) != len(reason) or bytes(self.reason[: len(reason)]) != reason:
+            self.reason[: len(reason)] = reason
+            health[REASON_LENGTH] = len(reason)
+        health[CHECKED_AT] = report.checked_at
+
+    def read_health(self) -> HealthReport | None:
+        """The prober's latest round (None: none yet). A round written meanwhile may show
+        through in part, which the next read corrects, as for the load counts."""
+        row = self.health.tolist()
+        if row[CHECKED_AT] <= 0:
+            return None
+        length = min(int(row[REASON_LENGTH]), REASON_BYTES)
+        reason = bytes(self.reason[:length]).decode(errors="replace") or None
+        return HealthReport(
+            checked_at=row[CHECKED_AT],
+            healthy=bool(row[HEALTHY]),
+            reachable=bool(row[REACHABLE]),
+            reason=reason,
+            running=row[RUNNING],
+            waiting=row[WAITING],
+            kv_usage=row[KV_USAGE],
+            scraped_at=row[SCRAPED_AT],
+            in_flight_at_scrape=int(row[IN_FLIGHT_AT_SCRAPE]),
+            kv_capacity_blocks=int(row[KV_CAPACITY]) or None,
+            block_size=int(row[BLOCK_SIZE]) or None,
+            models_hash=int(row[MODELS_HASH]),
+        )
 
     def router_in_flight(self) -> int:
         """Requests every worker has in flight on the engine (a list sum: cheaper than numpy's
@@ -131,12 +266,16 @@ class LoadBoard:
         if not 0 <= worker < workers:
             raise ValueError(f"worker {worker} has no row on a board for {workers} workers")
         self.path, self.worker, self.workers, self.slots = path, worker, int(workers), int(slots)
-        hashes, holders, cells, _ = _layout(self.workers, self.slots)
-        self._hashes = np.frombuffer(self._map, np.uint64, self.slots, hashes)
-        self._holders = np.frombuffer(self._map, np.uint64, self.slots, holders)
+        layout = _layout(self.workers, self.slots)
+        self._hashes = np.frombuffer(self._map, np.uint64, self.slots, layout.hashes)
+        self._holders = np.frombuffer(self._map, np.uint64, self.slots, layout.holders)
         self._cells = np.frombuffer(
-            self._map, np.float64, self.workers * self.slots * FIELDS, cells
+            self._map, np.float64, self.workers * self.slots * FIELDS, layout.cells
         ).reshape(self.workers, self.slots, FIELDS)
+        self._health = np.frombuffer(
+            self._map, np.float64, self.slots * HEALTH_FIELDS, layout.health
+        ).reshape(self.slots, HEALTH_FIELDS)
+        self._reasons = memoryview(self._map)[layout.reasons : layout.size]
         self._joined: dict[str, tuple[int, EngineCell]] = {}
         self._warned_full = False
 
@@ -146,7 +285,7 @@ class LoadBoard:
         worker attaches); removing the file (with the run dir) is its end."""
         if not 1 <= workers <= MAX_WORKERS:
             raise ValueError(f"a load board holds 1..{MAX_WORKERS} workers, not {workers}")
-        size = _layout(workers, slots)[3]
+        size = _layout(workers, slots).size
         with open(path, "wb") as file:
             file.write(_HEADER.pack(_MAGIC, workers, slots).ljust(_HEADER_BYTES, b"\0"))
             file.truncate(size)  # the rest reads as zeros: every slot empty, every count 0
@@ -189,9 +328,17 @@ class LoadBoard:
                         self._warned_full = True
                     return None
                 self._hashes[slot] = key
+            if self._holders[slot] == 0:  # a slot new, or given back: no round in it yet
+                self._health[slot] = 0.0
             self._holders[slot] |= bit
         self._cells[self.worker, slot] = 0.0
-        cell = EngineCell(self._cells[:, slot], self.worker)
+        cell = EngineCell(
+            self._cells[:, slot],
+            self.worker,
+            self._health[slot],
+            self._holders[slot : slot + 1],
+            self._reasons[slot * REASON_BYTES : (slot + 1) * REASON_BYTES],
+        )
         self._joined[name] = (slot, cell)
         return cell
 

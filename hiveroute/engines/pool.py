@@ -3,6 +3,13 @@
 The pool owns every Engine's mutable state. Health checks run in one background task; requests
 that fail report back through `report_failure`, so a dead engine leaves rotation at once rather
 than at the next check, and the checker puts it back when it answers again.
+
+Under `serve --workers N` one worker checks each engine (its prober, load_board.py) and the
+others read what it found from the board, a quarter of a round at a time: a check is three
+requests to the engine and a parse of its /metrics, and N workers asking each engine the same
+questions cost the engines and the router N times what one answer does. A worker checks an
+engine itself when the board has no room for it, or when the prober's latest round is more than
+`QUIET_ROUNDS` rounds old.
 """
 
 from __future__ import annotations
@@ -16,13 +23,16 @@ import aiohttp
 
 from hiveroute.engines.client import EngineClient
 from hiveroute.engines.engine import Engine, EngineLoad, EngineSpec, SharedEngineLoad
-from hiveroute.engines.load_board import LoadBoard
+from hiveroute.engines.load_board import EngineCell, HealthReport, LoadBoard, models_hash
 from hiveroute.engines.prom_text import info_labels, parse_prometheus_text
 from hiveroute.lifecycle import cancel_and_wait
 
 log = logging.getLogger("hiveroute.engines")
 
 EngineListener = Callable[[Engine], None]
+
+FOLLOW_READS = 4  # board reads per health round by the workers that do not probe an engine
+QUIET_ROUNDS = 3  # a prober silent for this many rounds (and a check's timeout) is not waited for
 
 
 class EnginePool:
@@ -48,6 +58,7 @@ class EnginePool:
         # Under `serve --workers`: the host's load board, where this worker counts its requests
         # in flight on each engine and reads its siblings' (None: this process is the router).
         self.board = board
+        self._followed: dict[str, float] = {}  # engine -> the prober's round last taken from
         for spec in specs:
             self.add(spec)
 
@@ -69,6 +80,7 @@ class EnginePool:
             self.board.leave(spec.name)  # the old one's late requests must not count on the new
         engine = Engine(spec=spec, load=self._new_load(spec.name))
         self._engines[spec.name] = engine
+        self._followed.pop(spec.name, None)
         for listener in self._on_added:
             listener(engine)
         return engine
@@ -80,6 +92,7 @@ class EnginePool:
 
     def remove(self, name: str) -> None:
         engine = self._engines.pop(name, None)
+        self._followed.pop(name, None)
         if engine is not None:
             if self.board is not None:  # its counts must not linger on the siblings' view
                 self.board.leave(name)
@@ -148,17 +161,122 @@ class EnginePool:
         self._task = None
 
     async def _loop(self) -> None:
+        reads = FOLLOW_READS if self.board is not None else 1
+        tick = 0
         while True:
-            await asyncio.sleep(self.health_interval_s)
+            await asyncio.sleep(self.health_interval_s / reads)
+            tick += 1
             try:
-                await self.check_all()
+                if tick % reads == 0:
+                    await self.health_round()
+                else:
+                    await self.follow_board()
             except Exception:  # a bug in one round must not end health checking
                 log.exception("health check round failed")
 
     async def check_all(self) -> None:
+        """Check every engine now, this worker itself (at start: before the probers' first
+        rounds are on the board)."""
         await asyncio.gather(*(self.check(e) for e in list(self._engines.values())))
 
+    async def health_round(self) -> None:
+        """Check the engines this worker probes, and those whose prober has gone quiet; take
+        the others' health from the board."""
+        now = time.monotonic()
+        quiet_after = QUIET_ROUNDS * self.health_interval_s
+        if self.client is not None:
+            quiet_after += self.client.timeouts.health_s
+        own: list[Engine] = []
+        followed: list[tuple[Engine, HealthReport]] = []
+        for engine in list(self._engines.values()):
+            cell = self._cell(engine)
+            report = None if cell is None or cell.probes() else cell.read_health()
+            if report is None or now - report.checked_at > quiet_after:
+                own.append(engine)
+            else:
+                followed.append((engine, report))
+        await asyncio.gather(
+            *(self.check(e) for e in own), *(self._follow(e, r) for e, r in followed)
+        )
+
+    async def follow_board(self) -> None:
+        """Take the probers' rounds that are new since the last read (between this worker's
+        own rounds, so a change reaches it within a quarter of a round)."""
+        followed = []
+        for engine in list(self._engines.values()):
+            cell = self._cell(engine)
+            if cell is not None and not cell.probes():
+                report = cell.read_health()
+                if report is not None:
+                    followed.append(self._follow(engine, report))
+        if followed:
+            await asyncio.gather(*followed)
+
+    def _cell(self, engine: Engine) -> EngineCell | None:
+        return self.board.cell(engine.name) if self.board is not None else None
+
+    async def _follow(self, engine: Engine, report: HealthReport) -> None:
+        """Take the prober's round: the engine's load, and its health, except that an engine
+        this worker took out after that round stays out until a later one."""
+        if report.checked_at <= self._followed.get(engine.name, 0.0):
+            return
+        self._followed[engine.name] = report.checked_at
+        load = engine.load
+        load.running, load.waiting, load.kv_usage = report.running, report.waiting, report.kv_usage
+        load.scraped_at = report.scraped_at
+        load.in_flight_at_scrape = report.in_flight_at_scrape
+        if report.kv_capacity_blocks is not None:
+            engine.kv_capacity_blocks = report.kv_capacity_blocks
+        if report.block_size is not None and engine.block_size is None:
+            engine.block_size = report.block_size
+        if report.healthy:
+            if engine.healthy:
+                engine.consecutive_failures = 0
+            elif engine.down_since is None or engine.down_since < report.checked_at:
+                log.info("engine %s is back", engine.name)
+                engine.mark_up()
+        else:  # the prober logged it
+            engine.mark_down(report.reason or "its health check failed", slow=report.reachable)
+        if report.models_hash != models_hash(engine.models) and self.client is not None:
+            try:  # rare: models change when an engine restarts or loads an adapter
+                models = await self.client.list_models(engine)
+            except (TimeoutError, aiohttp.ClientError, ValueError, KeyError):
+                return  # the prober's next round says whether the engine is still up
+            if models is not None:
+                engine.models = models
+
+    def _publish(self, engine: Engine) -> None:
+        """A round this worker made as the engine's prober, for the other workers."""
+        cell = self._cell(engine)
+        if cell is None or not cell.probes():
+            return
+        load = engine.load
+        cell.publish_health(
+            HealthReport(
+                checked_at=time.monotonic(),
+                healthy=engine.healthy,
+                reachable=engine.down_but_reachable,
+                reason=engine.last_error,
+                running=load.running,
+                waiting=load.waiting,
+                kv_usage=load.kv_usage,
+                scraped_at=load.scraped_at,
+                in_flight_at_scrape=load.in_flight_at_scrape,
+                kv_capacity_blocks=engine.kv_capacity_blocks,
+                block_size=engine.block_size,
+                models_hash=models_hash(engine.models),
+            )
+        )
+
     async def check(self, engine: Engine) -> None:
+        """One health round for one engine (published for the other workers when this one
+        probes it)."""
+        try:
+            await self._check(engine)
+        finally:
+            self._publish(engine)
+
+    async def _check(self, engine: Engine) -> None:
         """One health round for one engine: /health, then /v1/models and /metrics if it is up."""
         client = self.client
         assert client is not None, "an EnginePool without an EngineClient cannot check engines"
