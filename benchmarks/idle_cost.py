@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from benchmarks.instant_engine import start, stop_all, wait_http
 from benchmarks.report import publish
+from hiveroute.bench.engines import EngineOptions, Fleet, start_fleet
 from hiveroute.bench.procs import tree_cpu_seconds
 from hiveroute.runtime import free_port
 
@@ -31,53 +31,34 @@ ROOT = Path(__file__).resolve().parent.parent
 WARM_UP_S = 5.0
 
 
-async def start_sim(count: int, logs: Path) -> tuple[list[str], subprocess.Popen[bytes]]:
-    """`count` simulated engines in one process; their --engine specs."""
-    cmd = [sys.executable, "-m", "hiveroute", "sim", "--engines", str(count), "--base-port", "0",
-           "--events-base-port", "0", "--preset", "llama-8b-h100", "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(logs / "sim.out", "wb"))
-    specs: list[str] = []
-    assert proc.stdout is not None
-    while len(specs) < count:
-        line = await asyncio.to_thread(proc.stdout.readline)
-        if not line:
-            raise RuntimeError(f"hiveroute sim exited; see {logs / 'sim.out'}")
-        text = line.decode().strip()
-        if text.startswith("--engine "):
-            specs.append(text.split(" ", 1)[1])
-    for spec in specs:
-        await wait_http(f"{spec.split(',')[0]}/health")
-    return specs, proc
-
-
 async def idle_cpu(
-    source: str, specs: list[str], workers: int, seconds: float, sim_pid: int, log: Path
+    source: str, fleet: Fleet, workers: int, seconds: float, log: Path
 ) -> tuple[float, float]:
     """CPU ms per second of the router's processes and of the simulator's, while idle."""
     port = free_port()
     cmd = [sys.executable, "-m", "hiveroute", "serve", "--port", str(port), "--host", "127.0.0.1",
            "--workers", str(workers), "--log-level", "warning",
-           *(a for spec in specs for a in ("--engine", spec))]  # fmt: skip
+           *(a for spec in fleet.specs for a in ("--engine", spec))]  # fmt: skip
     proc = start(cmd, (0, 1), log, {"PYTHONPATH": source}, cwd=source)
     try:
         await wait_http(f"http://127.0.0.1:{port}/health", timeout_s=120)
         await asyncio.sleep(WARM_UP_S)
-        router0, sim0, t0 = tree_cpu_seconds(proc.pid), tree_cpu_seconds(sim_pid), time.monotonic()
+        router0, sim0, t0 = tree_cpu_seconds(proc.pid), fleet.cpu_seconds(), time.monotonic()
         await asyncio.sleep(seconds)
-        router1, sim1, t1 = tree_cpu_seconds(proc.pid), tree_cpu_seconds(sim_pid), time.monotonic()
+        router1, sim1, t1 = tree_cpu_seconds(proc.pid), fleet.cpu_seconds(), time.monotonic()
     finally:
         stop_all([proc])
-    if None in (router0, router1, sim0, sim1):
+    if router0 is None or router1 is None or sim0 is None or sim1 is None:
         raise RuntimeError("no /proc figures: this benchmark needs Linux")
     span = t1 - t0
-    return (router1 - router0) / span * 1e3, (sim1 - sim0) / span * 1e3  # type: ignore[operator]
+    return (router1 - router0) / span * 1e3, (sim1 - sim0) / span * 1e3
 
 
 async def main_async(args: argparse.Namespace) -> int:
     logs = Path(args.log_dir)
     logs.mkdir(parents=True, exist_ok=True)
     sources = {"base": str(Path(args.base).resolve()), "new": str(Path(args.new).resolve())}
-    specs, sim = await start_sim(args.engines, logs)
+    fleet = await start_fleet(EngineOptions(count=args.engines), logs / "sim.log")
     figures: dict[str, dict[str, list[float]]] = {
         name: {"router": [], "sim": []} for name in sources
     }
@@ -86,13 +67,13 @@ async def main_async(args: argparse.Namespace) -> int:
             for name in ("base", "new") if rep % 2 == 0 else ("new", "base"):
                 log = logs / f"{name}-{rep}.log"
                 router, engines = await idle_cpu(
-                    sources[name], specs, args.workers, args.seconds, sim.pid, log
+                    sources[name], fleet, args.workers, args.seconds, log
                 )
                 figures[name]["router"].append(router)
                 figures[name]["sim"].append(engines)
                 print(f"rep {rep} {name}: router {router:.1f} ms/s, engines {engines:.1f} ms/s")
     finally:
-        stop_all([sim])
+        await fleet.stop()
     write_report(args, figures)
     return 0
 

@@ -37,6 +37,10 @@ class Fleet:
     _child: ChildProcess | None = None
     _handle: Any = None
 
+    def cpu_seconds(self) -> float | None:
+        """CPU the simulated engines' process has used so far (None: real vLLM, or gone)."""
+        return self._child.cpu_seconds() if self._child is not None else None
+
     async def stop(self) -> None:
         if self._child is not None:
             await self._child.stop()
