@@ -59,6 +59,7 @@ class EnginePool:
         # in flight on each engine and reads its siblings' (None: this process is the router).
         self.board = board
         self._followed: dict[str, float] = {}  # engine -> the prober's round last taken from
+        self._down_by_prober: set[str] = set()  # engines out because the prober's round said so
         for spec in specs:
             self.add(spec)
 
@@ -81,6 +82,7 @@ class EnginePool:
         engine = Engine(spec=spec, load=self._new_load(spec.name))
         self._engines[spec.name] = engine
         self._followed.pop(spec.name, None)
+        self._down_by_prober.discard(spec.name)
         for listener in self._on_added:
             listener(engine)
         return engine
@@ -93,6 +95,7 @@ class EnginePool:
     def remove(self, name: str) -> None:
         engine = self._engines.pop(name, None)
         self._followed.pop(name, None)
+        self._down_by_prober.discard(name)
         if engine is not None:
             if self.board is not None:  # its counts must not linger on the siblings' view
                 self.board.leave(name)
@@ -233,9 +236,13 @@ class EnginePool:
             if engine.healthy:
                 engine.consecutive_failures = 0
             elif engine.down_since is None or engine.down_since < report.checked_at:
-                log.info("engine %s is back", engine.name)
+                if engine.name not in self._down_by_prober:  # the prober logs its own
+                    log.info("engine %s is back", engine.name)
+                self._down_by_prober.discard(engine.name)
                 engine.mark_up()
         else:  # the prober logged it
+            if engine.healthy:
+                self._down_by_prober.add(engine.name)
             engine.mark_down(report.reason or "its health check failed", slow=report.reachable)
         if report.models_hash != models_hash(engine.models) and self.client is not None:
             try:  # rare: models change when an engine restarts or loads an adapter
@@ -274,6 +281,8 @@ class EnginePool:
         try:
             await self._check(engine)
         finally:
+            if engine.healthy:
+                self._down_by_prober.discard(engine.name)
             self._publish(engine)
 
     async def _check(self, engine: Engine) -> None:

@@ -5,6 +5,7 @@ answer: N workers cost the engines and the router N times one worker's checks.""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -55,8 +56,12 @@ def asked(fake: FakeEngine) -> int:
 
 
 async def test_one_worker_checks_and_the_other_reads_its_round(
-    boards: list[LoadBoard], client: EngineClient, fake: FakeEngine
+    boards: list[LoadBoard],
+    client: EngineClient,
+    fake: FakeEngine,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="hiveroute.engines")
     prober, follower = (worker(b, client, fake) for b in boards)
     fake.behaviour.running, fake.behaviour.waiting = 3, 2
     await prober.health_round()
@@ -78,10 +83,16 @@ async def test_one_worker_checks_and_the_other_reads_its_round(
     await prober.health_round()
     await follower.follow_board()
     assert engine.healthy and asked(fake) == 2
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("is down" in line for line in lines) == 1  # the host's log says it once
+    assert sum("is back" in line for line in lines) == 1
 
 
 async def test_a_worker_that_took_an_engine_out_waits_for_a_later_round(
-    boards: list[LoadBoard], client: EngineClient, fake: FakeEngine
+    boards: list[LoadBoard],
+    client: EngineClient,
+    fake: FakeEngine,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A request that failed on the engine takes it out at once; the prober's round from
     before that failure does not put it back, a round after it does."""
@@ -92,8 +103,13 @@ async def test_a_worker_that_took_an_engine_out_waits_for_a_later_round(
     await follower.follow_board()
     assert not engine.healthy
     await prober.health_round()
-    await follower.follow_board()
+    with caplog.at_level(logging.INFO, logger="hiveroute.engines"):
+        await follower.follow_board()
     assert engine.healthy
+    assert [r.getMessage() for r in caplog.records] == [
+        f"engine {engine.name} taken out: engine closed the connection",
+        f"engine {engine.name} is back",  # the prober never saw it out: this worker says so
+    ]
 
 
 async def test_the_checks_pass_on_when_the_prober_lets_the_engine_go(
