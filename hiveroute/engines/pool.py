@@ -192,8 +192,7 @@ class EnginePool:
         own: list[Engine] = []
         followed: list[tuple[Engine, HealthReport]] = []
         for engine in list(self._engines.values()):
-            cell = self._cell(engine)
-            report = None if cell is None or cell.probes() else cell.read_health()
+            report = self._probers_round(engine)
             if report is None or now - report.checked_at > quiet_after:
                 own.append(engine)
             else:
@@ -207,16 +206,19 @@ class EnginePool:
         own rounds, so a change reaches it within a quarter of a round)."""
         followed = []
         for engine in list(self._engines.values()):
-            cell = self._cell(engine)
-            if cell is not None and not cell.probes():
-                report = cell.read_health()
-                if report is not None:
-                    followed.append(self._follow(engine, report))
-        if followed:
-            await asyncio.gather(*followed)
+            report = self._probers_round(engine)
+            if report is not None:
+                followed.append(self._follow(engine, report))
+        await asyncio.gather(*followed)
 
     def _cell(self, engine: Engine) -> EngineCell | None:
         return self.board.cell(engine.name) if self.board is not None else None
+
+    def _probers_round(self, engine: Engine) -> HealthReport | None:
+        """The latest round another worker, the engine's prober, put on the board (None: this
+        worker probes the engine, the board has no cell for it, or no round is there yet)."""
+        cell = self._cell(engine)
+        return None if cell is None or cell.probes() else cell.read_health()
 
     async def _follow(self, engine: Engine, report: HealthReport) -> None:
         """Take the prober's round: the engine's load, and its health, except that an engine

@@ -50,9 +50,10 @@ def the_engine(pool: EnginePool) -> Engine:
     return engine
 
 
-def asked(fake: FakeEngine) -> int:
-    """Health rounds the engine answered (its /metrics scrapes: a round's last request)."""
-    return sum(1 for _, path, _ in fake.calls if path == "/metrics")
+def asked(fake: FakeEngine, what: str = "/metrics") -> int:
+    """How often the engine was asked for `what`; for /metrics (a round's last request): the
+    health rounds it answered."""
+    return sum(1 for _, path, _ in fake.calls if path == what)
 
 
 async def test_one_worker_checks_and_the_other_reads_its_round(
@@ -146,15 +147,15 @@ async def test_a_follower_lists_the_models_again_when_the_prober_saw_them_change
     await prober.health_round()
     await follower.health_round()
     assert the_engine(follower).models == {"m"}
-    lists = sum(1 for _, path, _ in fake.calls if path == "/v1/models")
+    lists = asked(fake, "/v1/models")
     fake.behaviour.models = ["m", "m-lora"]  # an adapter loaded at run time
     await prober.health_round()
     await follower.follow_board()
     assert the_engine(follower).models == {"m", "m-lora"}
-    assert sum(1 for _, path, _ in fake.calls if path == "/v1/models") == lists + 2
+    assert asked(fake, "/v1/models") == lists + 2
     await prober.health_round()
     await follower.follow_board()  # unchanged: not listed again
-    assert sum(1 for _, path, _ in fake.calls if path == "/v1/models") == lists + 3
+    assert asked(fake, "/v1/models") == lists + 3
 
 
 async def test_without_a_board_every_pool_checks_its_engines(
