@@ -63,20 +63,20 @@ async def test_the_calls_of_one_turn_travel_in_one_frame_each_way(
 ) -> None:
     """A request's bookkeeping is a few dozen calls in a few rounds: each round is one frame
     to the server and one back, not one per call."""
-    import asyncio
 
     from hiveroute.state import shared
     from hiveroute.state.store import all_of
 
     frames: list[int] = []
-    read_frame = shared._read_frame
+    take_frame = shared._take_frame
 
-    async def counting(reader: asyncio.StreamReader) -> list[object]:
-        messages = await read_frame(reader)
-        frames.append(len(messages))
+    def counting(buffer: bytearray) -> list[object] | None:
+        messages = take_frame(buffer)
+        if messages is not None:
+            frames.append(len(messages))
         return messages
 
-    monkeypatch.setattr(shared, "_read_frame", counting)
+    monkeypatch.setattr(shared, "_take_frame", counting)
     server = StateServer(str(tmp_path / "state.sock"))
     await server.start()
     client = SharedStateClient(server.path)
@@ -113,3 +113,61 @@ async def test_a_malformed_frame_drops_that_connection_only(tmp_path: Path) -> N
     finally:
         await good.close()
         await server.stop()
+
+
+async def test_a_frame_that_arrives_in_pieces_is_answered_once_whole(tmp_path: Path) -> None:
+    import asyncio
+
+    import orjson
+
+    server = StateServer(str(tmp_path / "state.sock"))
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_unix_connection(server.path)
+        payload = orjson.dumps([[1, "set", ["k", "v"], {}], [2, "get", ["k"], {}]])
+        for byte in len(payload).to_bytes(4, "big") + payload:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0)
+        size = int.from_bytes(await reader.readexactly(4), "big")
+        assert orjson.loads(await reader.readexactly(size)) == [[1, True, None], [2, True, "v"]]
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_a_client_connects_again_after_its_server_came_back(tmp_path: Path) -> None:
+    path = str(tmp_path / "state.sock")
+    server = StateServer(path)
+    await server.start()
+    client = SharedStateClient(path)
+    try:
+        await client.set("k", "v")
+        await server.stop()
+        with pytest.raises(ConnectionError):
+            await client.get("k")
+        server = StateServer(path)  # a new store: the old data went with the old server
+        await server.start()
+        assert await client.get("k") is None
+        await client.set("k", "w")
+        assert await client.get("k") == "w"
+    finally:
+        await client.close()
+        await server.stop()
+
+
+def test_a_store_operation_that_suspends_is_refused() -> None:
+    import asyncio
+
+    from hiveroute.state.shared import run_now
+
+    async def suspends() -> int:
+        await asyncio.sleep(0)
+        return 1
+
+    async def returns() -> int:
+        return 2
+
+    assert run_now(returns()) == 2
+    with pytest.raises(RuntimeError, match="suspended"):
+        run_now(suspends())
