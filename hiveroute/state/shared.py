@@ -23,7 +23,7 @@ import logging
 import os
 import struct
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -123,9 +123,9 @@ class _ServerSide(asyncio.Protocol):
         self._buffer = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        self.connections.add(transport)
+        # a stream transport (uvloop's are not asyncio.Transport subclasses, only alike)
+        self._transport = cast(asyncio.Transport, transport)
+        self.connections.add(self._transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._transport is not None:
@@ -214,8 +214,7 @@ class _ClientSide(asyncio.Protocol):
         self._buffer = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # a stream transport
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -255,9 +254,8 @@ class SharedStateClient:
                 transport, side = await loop.create_unix_connection(
                     lambda: _ClientSide(self._resolve, self._lost), self.path
                 )
-                assert isinstance(transport, asyncio.Transport)
                 self._side = side
-                self._calls = _Batcher(transport)
+                self._calls = _Batcher(cast(asyncio.WriteTransport, transport))
 
     def _resolve(self, reply: list[Any]) -> None:
         call_id, ok, result = reply

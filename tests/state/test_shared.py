@@ -171,3 +171,22 @@ def test_a_store_operation_that_suspends_is_refused() -> None:
     assert run_now(returns()) == 2
     with pytest.raises(RuntimeError, match="suspended"):
         run_now(suspends())
+
+
+def test_the_store_is_shared_on_the_event_loop_the_router_runs(tmp_path: Path) -> None:
+    """The router runs on uvloop where it is installed (`runtime.run`), whose transports are
+    not asyncio's classes: the server and a client must work on it too."""
+    from hiveroute import runtime
+
+    async def main() -> list[object]:
+        server = StateServer(str(tmp_path / "state.sock"))
+        await server.start()
+        client = SharedStateClient(server.path)
+        try:
+            await client.hset("h", {"a": "1"})
+            return [await client.hincrby("h", "a", 2), await client.hgetall("h")]
+        finally:
+            await client.close()
+            await server.stop()
+
+    assert runtime.run(main()) == [3, {"a": "3"}]
