@@ -113,8 +113,9 @@ class _ServerSide(asyncio.Protocol):
     """One worker's connection to the parent's store. The calls of each frame run in order,
     each to its end, as they arrive; the replies to what one read brought go back in one
     frame. Protocol callbacks rather than a stream reader's task: the parent answers every
-    worker's every request, and each frame through a reader cost two awaits and their
-    futures (about a quarter of the parent's CPU, benchmarks/results/state_protocol.md)."""
+    request's bookkeeping, and a frame through a reader cost two awaits and their futures (one
+    request at a time, the bookkeeping costs ×0.91 without them,
+    benchmarks/results/state_protocol.md)."""
 
     def __init__(self, store: MemoryStateStore, connections: set[asyncio.Transport]) -> None:
         self.store = store
