@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import zmq
 import zmq.asyncio
@@ -217,7 +218,23 @@ class KvEventSubscriber:
         except Exception as exc:  # handed to `_run`, which reconnects
             self._fail(exc)
             return
-        loop.call_soon(self._read)
+        self._read_next(loop)
+
+    def _read_next(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the next message on the loop's next turn if one is waiting. The socket is
+        asked (`EVENTS`, which also re-arms its descriptor) rather than tried: a receive that
+        finds nothing raises, and one did after nearly every message; without them the reader
+        costs a worker 11 % less CPU (benchmarks/results/kv_read_events.md)."""
+        socket = self._socket
+        if socket is None:
+            return
+        try:
+            waiting = cast(int, socket.get(zmq.EVENTS)) & zmq.POLLIN
+        except zmq.ZMQError as exc:  # handed to `_run`, which reconnects
+            self._fail(exc)
+            return
+        if waiting:
+            loop.call_soon(self._read)
 
     async def _handle_later(self, batch: EventBatch) -> None:
         try:
