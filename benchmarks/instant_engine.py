@@ -1,12 +1,12 @@
 """Pieces the router benchmarks share: an instant OpenAI-shaped engine, core pinning, processes
 and peer routers.
 
-    python -m benchmarks.instant_engine PORT [--chunks N]
+    python -m benchmarks.instant_engine PORT [--chunks N] [--gap-ms MS]
 
 The engine answers `/v1/completions` and `/v1/chat/completions` at once (whole, or a stream of N
-chunks) without parsing the body: it looks for `"stream": true` in the bytes, so a 100 kB agentic
-body costs it a read, not a JSON parse, and what a benchmark measures is the router. It publishes
-no KV events.
+chunks, back to back or `--gap-ms` apart as a decoding engine sends its tokens) without parsing
+the body: it looks for `"stream": true` in the bytes, so a 100 kB agentic body costs it a read,
+not a JSON parse, and what a benchmark measures is the router. It publishes no KV events.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from hiveroute.runtime import free_port
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
 
 
-def serve_engine(port: int, chunks: int) -> None:
-    """Serve the instant engine on 127.0.0.1:port until killed."""
+def serve_engine(port: int, chunks: int, gap_s: float = 0.0) -> None:
+    """Serve the instant engine on 127.0.0.1:port until killed (`gap_s`: the pause between
+    a stream's chunks; 0: one chunk per event-loop turn)."""
     from aiohttp import web
 
     usage = {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9}
@@ -59,7 +60,7 @@ def serve_engine(port: int, chunks: int) -> None:
             await response.prepare(request)
             for _ in range(chunks):
                 await response.write(body_chunk)
-                await asyncio.sleep(0)  # one chunk per event-loop turn, as an engine's steps are
+                await asyncio.sleep(gap_s)  # one chunk per step, as an engine decodes
             await response.write(b"data: [DONE]\n\n")
             return response
 
@@ -116,9 +117,10 @@ def start(
 
 
 def start_engine(
-    port: int, chunks: int, cores: tuple[int, ...], log: Path
+    port: int, chunks: int, cores: tuple[int, ...], log: Path, gap_ms: float = 0.0
 ) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "benchmarks.instant_engine", str(port), "--chunks", str(chunks)]
+    cmd += ["--gap-ms", repr(gap_ms)]
     return start(cmd, cores, log)
 
 
@@ -169,8 +171,9 @@ def main() -> int:
     )
     parser.add_argument("port", type=int)
     parser.add_argument("--chunks", type=int, default=32, help="chunks per streamed response")
+    parser.add_argument("--gap-ms", type=float, default=0.0, help="pause between chunks")
     args = parser.parse_args()
-    serve_engine(args.port, args.chunks)
+    serve_engine(args.port, args.chunks, args.gap_ms / 1000)
     return 0
 
 

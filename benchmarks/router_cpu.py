@@ -77,7 +77,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 @dataclass(frozen=True)
 class Target:
     name: str  # hiveroute:kv, smg, sglang, direct, base:workflow
-    kind: str  # hiveroute | peer | direct | relay (benchmarks.aiohttp_relay: the HTTP stack alone)
+    # hiveroute | peer | direct | relay (benchmarks.aiohttp_relay: the HTTP stack alone) |
+    # splice (benchmarks.splice_relay: uvloop's sockets alone)
+    kind: str
     policy: str | None
     source: str | None = None  # another hiveroute checkout (PYTHONPATH), for before/after
 
@@ -88,9 +90,13 @@ TARGETS = {
     "hiveroute:kv": Target("hiveroute:kv", "hiveroute", "kv"),
     "hiveroute:workflow": Target("hiveroute:workflow", "hiveroute", "workflow"),
     "aiohttp-relay": Target("aiohttp-relay", "relay", None),
+    "splice-relay": Target("splice-relay", "splice", None),
     "smg": Target("smg", "peer", None),
     "sglang": Target("sglang", "peer", None),
 }
+
+
+RELAYS = {"relay": "benchmarks.aiohttp_relay", "splice": "benchmarks.splice_relay"}
 
 
 def hiveroute_has_workers() -> bool:
@@ -121,17 +127,17 @@ async def start_target(
     tag = f"{target.name.replace(':', '-')}-w{workers}"
     if target.kind == "direct":
         return Running([e.split(",")[0] for e in engines], [])
-    if target.kind in ("relay", "peer"):  # one process on one port, in front of the engines
+    if target.kind in RELAYS or target.kind == "peer":  # one process, in front of the engines
         port = free_port()
         urls = [e.split(",")[0] for e in engines]
-        if target.kind == "relay":
-            cmd = [sys.executable, "-m", "benchmarks.aiohttp_relay", str(port)]
+        if target.kind in RELAYS:
+            cmd = [sys.executable, "-m", RELAYS[target.kind], str(port)]
             cmd += [a for u in urls for a in ("--engine", u)]
         else:
             cmd = await peer_command(target.name, urls, port, None, logs)
         proc = start(cmd, cores, logs / f"{tag}.log")
         url = f"http://127.0.0.1:{port}"
-        await wait_http(f"{url}/health", timeout_s=60 if target.kind == "relay" else 120)
+        await wait_http(f"{url}/health", timeout_s=120 if target.kind == "peer" else 60)
         return Running([url], [proc])
     engine_args = [a for e in engines for a in ("--engine", e)]
     base = [sys.executable, "-m", "hiveroute", "serve", *engine_args, "--host", "127.0.0.1",
@@ -256,8 +262,10 @@ async def main_async(args: argparse.Namespace) -> int:
                 for rep in range(args.reps):
                     for name in targets:
                         target = TARGETS[name]
-                        one_process = target.kind in ("direct", "relay") or (
-                            target.source and not source_has_workers(target.source)
+                        one_process = (
+                            target.kind == "direct"
+                            or target.kind in RELAYS
+                            or (target.source and not source_has_workers(target.source))
                         )
                         if one_process and workers != workers_list[0]:
                             continue  # engines, relay and an old baseline alone: at 1 worker
