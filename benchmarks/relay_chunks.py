@@ -42,7 +42,7 @@ HEADERS = {"Content-Type": "application/json"}
 
 async def stream_loop(url: str, clients: int, seconds: float, running: Running) -> dict[str, Any]:
     """`clients` clients streaming answers to the end for `seconds` after a warm-up; the
-    router's CPU ms per request and the chunks a stream carried (as the client read them)."""
+    router's CPU ms per request, less what it spends idle in as long."""
     done = errors = 0
     measuring = False
     stop_at = 0.0
@@ -66,14 +66,23 @@ async def stream_loop(url: str, clients: int, seconds: float, running: Running) 
         stop_at = time.perf_counter() + max(1.0, seconds / 4)  # warm-up
         await asyncio.gather(*(client() for _ in range(clients)))
         measuring = True
-        cpu0 = running.cpu()
-        stop_at = time.perf_counter() + seconds
+        cpu0, t0 = running.cpu(), time.perf_counter()
+        stop_at = t0 + seconds
         await asyncio.gather(*(client() for _ in range(clients)))
-        cpu = running.cpu() - cpu0
+        cpu, elapsed = running.cpu() - cpu0, time.perf_counter() - t0
+    # what the router spends idle (health checks, timers) is paid per second, not per request:
+    # a run of long streams answers fewer requests in the same time, and would count it per
+    # chunk, so it is measured alone after the load and taken out
+    await asyncio.sleep(1.0)
+    idle0 = running.cpu()
+    await asyncio.sleep(seconds)
+    idle_per_s = (running.cpu() - idle0) / seconds
+    net = cpu - idle_per_s * elapsed
     return {
         "requests": done,
         "errors": errors,
-        "cpu_ms_per_req": cpu * 1000 / done if done else float("nan"),
+        "idle_ms_per_s": idle_per_s * 1000,
+        "cpu_ms_per_req": net * 1000 / done if done else float("nan"),
     }
 
 
@@ -101,7 +110,8 @@ async def measure(args: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
                 rows.append(row)
                 print(
                     f"rep {rep} {name:22} {chunks:>4} chunks  {result['cpu_ms_per_req']:.3f} "
-                    f"CPU ms/req  {result['requests']} requests  errors={result['errors']}",
+                    f"CPU ms/req  {result['requests']} requests  idle "
+                    f"{result['idle_ms_per_s']:.1f} ms/s  errors={result['errors']}",
                     file=sys.stderr,
                 )
     return rows
@@ -122,6 +132,9 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         f"apart; {args.clients} closed-loop streaming clients, {args.seconds:g} s measured after "
         f"a warm-up; medians of {args.reps} repetitions, targets by turns",
         "- router alone on core 1 (hiveroute: one worker); engine and load generator on core 0",
+        "- CPU per request is net of the router's idle CPU (measured alone for as long after "
+        "each run): long streams answer fewer requests in the same time, so idle work would "
+        "otherwise count per chunk",
         "",
         f"| target | CPU ms/request, 1 chunk | CPU ms/request, {args.chunks} chunks "
         "| CPU µs per relayed chunk | per rep | errors |",
