@@ -118,6 +118,7 @@ class ClientSide(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = b""
         self.busy = False
+        self.sending: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -143,11 +144,7 @@ class ClientSide(asyncio.Protocol):
         if self.busy or cut < 0:
             return
         head = self.buffer[:cut]
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
+        length = BodyEnd(head).left  # a request's body: by its Content-Length only
         if len(self.buffer) < cut + 4 + length:
             return
         request, self.buffer = self.buffer[: cut + 4 + length], self.buffer[cut + 4 + length :]
@@ -156,7 +153,7 @@ class ClientSide(asyncio.Protocol):
             self.next_request()
             return
         self.busy = True
-        asyncio.get_running_loop().create_task(self.send(request))
+        self.sending = asyncio.get_running_loop().create_task(self.send(request))
 
     async def send(self, request: bytes) -> None:
         host, port, pool = next(self.engines)
