@@ -31,12 +31,18 @@ COMPARED = (
     "hit_rate",
     "ttft_mean",
     "ttft_p99",
+    "tpot_mean",
     "downstream_ttft_mean",
     "workflow_s_mean",
     "router_cpu_ms",
 )
 # half the report's last digit: figures that print alike tie whatever their seeds
-RESOLUTION = {"hit_rate": 0.0005, "workflow_s_mean": 0.005, "router_cpu_ms": 0.05}
+RESOLUTION = {
+    "hit_rate": 0.0005,
+    "tpot_mean": 0.000005,  # printed in hundredths of a ms
+    "workflow_s_mean": 0.005,
+    "router_cpu_ms": 0.05,
+}
 RESOLUTION_S = 0.0005  # TTFTs, printed in whole ms
 
 
@@ -103,6 +109,8 @@ def _fmt(metric: str, fig: Figure) -> str:
         return f"{100 * fig.median:.1f}% ±{50 * fig.spread:.1f}"
     if metric == "router_cpu_ms":
         return f"{fig.median:.1f} ±{fig.spread / 2:.1f}"
+    if metric == "tpot_mean":
+        return f"{1000 * fig.median:.2f} ±{500 * fig.spread:.2f}"
     scale, unit = (1.0, " s") if metric == "workflow_s_mean" else (1000.0, "")
     return (
         f"{scale * fig.median:.{2 if unit else 0}f} ±{scale * fig.spread / 2:.{2 if unit else 0}f}"
@@ -139,8 +147,8 @@ def report(router: str, a: Path, b: Path, a_label: str = "a", b_label: str = "b"
     lines = [
         f"`{router}`: {a_label} (`{a}`) → {b_label} (`{b}`); "
         "medians of seeds ± half their range; **better** / **worse**: outside the larger "
-        "spread (the matrix's tie rule), else tied. TTFT in ms, workflow time in s, "
-        "the router's CPU in ms per request.",
+        "spread (the matrix's tie rule), else tied. TTFT and TPOT (time per output token) "
+        "in ms, workflow time in s, the router's CPU in ms per request.",
         "",
         "| metric | better | tied | worse |",
         "|---|---:|---:|---:|",

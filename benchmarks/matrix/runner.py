@@ -87,6 +87,9 @@ def figures_of(summary: dict[str, Any], requests: list[dict[str, Any]]) -> dict[
         "ttft_mean": summary.get("ttft_s_mean"),
         "ttft_p50": summary.get("ttft_s_p50"),
         "ttft_p99": summary.get("ttft_s_p99"),
+        # time per output token after the first: what a placement costs the requests already
+        # decoding where it prefills (a judge of TTFT alone would miss it)
+        "tpot_mean": summary.get("tpot_s_mean"),
         # the engines' own mean TTFT (their histograms): ttft_mean minus this is the router's
         "engine_ttft_mean": summary.get("engine_ttft_s_mean"),
         # the router's processes' CPU per request sent (None for runs made before it was read)

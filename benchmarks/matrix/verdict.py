@@ -27,6 +27,7 @@ METRICS: dict[str, bool] = {
     "hit_rate": True,
     "ttft_mean": False,
     "ttft_p99": False,
+    "tpot_mean": False,
     "downstream_ttft_mean": False,
     "workflow_s_mean": False,
     "router_cpu_ms": False,  # the router's processes' CPU per request, in ms

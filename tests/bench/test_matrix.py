@@ -304,6 +304,7 @@ def test_run_figures_come_from_the_summary_and_the_records() -> None:
         "ttft_s_mean": 0.2,
         "ttft_s_p50": 0.1,
         "ttft_s_p99": 0.9,
+        "tpot_s_mean": 0.004,
         "engine_ttft_s_mean": 0.15,
         "unit_s_mean": 3.0,
         "engine_requests": {"engine1": 2.0, "engine0": 1.0},
@@ -318,6 +319,7 @@ def test_run_figures_come_from_the_summary_and_the_records() -> None:
     assert figures["downstream_ttft_mean"] == pytest.approx(0.3)
     assert figures["engine_requests"] == [1, 2] and figures["workflow_s_mean"] == 3.0
     assert figures["engine_ttft_mean"] == 0.15 and figures["ttft_mean"] == 0.2
+    assert figures["tpot_mean"] == 0.004
     assert figures_of({**summary, "workload": "trace"}, [])["workflow_s_mean"] is None
 
 
@@ -425,6 +427,13 @@ def test_compare_judges_one_router_across_two_result_sets_by_the_tie_rule() -> N
     a3 = cell("x", [(r, 0, {"router_cpu_ms": 9.12})])
     b3 = cell("x", [(r, 0, {"router_cpu_ms": 9.08})])
     assert compare_cell(a3, b3, r)["router_cpu_ms"][2] == "tied"
+    # time per output token: a placement that keeps TTFT but slows decoding is worse
+    a4 = cell("x", [(r, 0, {"ttft_mean": 0.100, "tpot_mean": 0.00356})])
+    b4 = cell("x", [(r, 0, {"ttft_mean": 0.100, "tpot_mean": 0.00513})])
+    assert {m: v[2] for m, v in compare_cell(a4, b4, r).items()} == {
+        "ttft_mean": "tied",
+        "tpot_mean": "worse",
+    }
 
 
 def test_compare_pairs_runs_by_seed_where_the_seeds_range_hides_a_loss() -> None:
