@@ -8,7 +8,7 @@ from typing import Any
 
 from benchmarks.matrix.verdict import DEFAULT, IDEAL, Check, figures, tally, targets
 
-TALLY_METRICS = ("hit_rate", "ttft_mean", "ttft_p99", "downstream_ttft_mean")
+TALLY_METRICS = ("hit_rate", "ttft_mean", "ttft_p99", "tpot_mean", "downstream_ttft_mean")
 
 
 def _pct(v: float | None) -> str:
@@ -17,6 +17,10 @@ def _pct(v: float | None) -> str:
 
 def _ms(v: float | None) -> str:
     return "–" if v is None else f"{1000 * v:.0f}"
+
+
+def _ms2(v: float | None) -> str:
+    return "–" if v is None else f"{1000 * v:.2f}"
 
 
 def _s(v: float | None) -> str:
@@ -44,10 +48,10 @@ def _spread(cell: Mapping[str, Any], router: str, metric: str, fmt: Any) -> str:
 def cell_table(cells: Sequence[Mapping[str, Any]]) -> str:
     head = (
         "| cell | router | seeds ok | hit rate | TTFT mean ms | engine TTFT ms | TTFT p50 ms | "
-        "TTFT p99 ms | requests per engine | errors | downstream TTFT ms | workflow s | "
-        "router CPU ms/req |"
+        "TTFT p99 ms | TPOT ms | requests per engine | errors | downstream TTFT ms | "
+        "workflow s | router CPU ms/req |"
     )
-    lines = [head, "|" + "---|" * 2 + "---:|" * 11]
+    lines = [head, "|" + "---|" * 2 + "---:|" * 12]
     for cell in cells:
         routers = sorted({r["router"] for r in cell["runs"].values()}, key=_router_order)
         for router in routers:
@@ -63,7 +67,8 @@ def cell_table(cells: Sequence[Mapping[str, Any]]) -> str:
                 f"{_spread(cell, router, 'ttft_mean', _ms)} | "
                 f"{_ms(_median_of(cell, router, 'engine_ttft_mean'))} | "
                 f"{_ms(_median_of(cell, router, 'ttft_p50'))} | "
-                f"{_spread(cell, router, 'ttft_p99', _ms)} | {per_engine or '–'} | {errors} | "
+                f"{_spread(cell, router, 'ttft_p99', _ms)} | "
+                f"{_spread(cell, router, 'tpot_mean', _ms2)} | {per_engine or '–'} | {errors} | "
                 f"{_ms(_median_of(cell, router, 'downstream_ttft_mean'))} | "
                 f"{_s(_median_of(cell, router, 'workflow_s_mean'))} | "
                 f"{_cpu(_median_of(cell, router, 'router_cpu_ms'))} |"
@@ -176,7 +181,9 @@ def build(cells: Sequence[Mapping[str, Any]], engines: int, out: Path, header: s
         "validators (agents that start from another's hand-off). `engine TTFT`: the engines' "
         "own mean TTFT (their TTFT histograms, over the runs that recorded it: those from "
         "2026-12-03 12:15 UTC on); `TTFT mean` minus it is what the router, the client and the "
-        "HTTP hops added, so a router's placement (engine TTFT) and its own time separate.",
+        "HTTP hops added, so a router's placement (engine TTFT) and its own time separate. "
+        "`TPOT`: mean time per output token after the first, as the client saw it (runs from "
+        "2026-12-07 on): what a placement costs the requests decoding where it prefills.",
         cell_table(cells),
         "## Plots",
         " ".join(f"![{name}]({out.name}/{name})" for name in images),

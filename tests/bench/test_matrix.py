@@ -339,6 +339,7 @@ def test_the_report_is_built_from_cell_files_alone(tmp_path: Path) -> None:
                         "engine_ttft_mean": 0.06 if s == 0 else None,
                         "ttft_p50": 0.05,
                         "ttft_p99": 0.3,
+                        "tpot_mean": 0.004 if r == d else 0.005,
                         "engine_requests": [5, 5, 5, 5],
                         "errors": 0,
                     },
@@ -350,8 +351,10 @@ def test_the_report_is_built_from_cell_files_alone(tmp_path: Path) -> None:
         ),
     ]
     text = build(cells, 4, tmp_path, "header")
-    assert "| hiveroute:workflow | 1/0/0 |" in text
+    # won on hit rate and time per output token, tied on TTFT, no downstream agents
+    assert "| hiveroute:workflow | 1/0/0 | 0/1/0 | 0/1/0 | 1/0/0 | – |" in text
     assert "| mt-a | hiveroute:workflow | 3/3 | 71.0% ±1.0% | 100 ±0 | 60 | 50 |" in text
+    assert "| 300 ±0 | 4.00 ±0.00 | 5-5-5-5 /" in text
     assert (tmp_path / "matrix_hit_rate.png").exists()
     assert f"({tmp_path.name}/matrix_hit_rate.png)" in text
 
