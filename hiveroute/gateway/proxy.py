@@ -52,6 +52,19 @@ class RelayResult:
     body: bytes = b""  # a non-streamed answer's body (the adapter may read more than usage)
 
 
+class RelayedStream(web.StreamResponse):
+    """A relayed stream's response: its headers leave with its first chunk, in one write.
+
+    The relay prepares the response when it holds the engine's first chunk already, so sending
+    the headers on their own bought nothing: it cost a second send on the request's path to
+    its first token, and woke the client (on a host the router shares, often handing it the
+    core) before the token it waits for. aiohttp buffers the headers of its whole-body
+    `Response` the same way; its streamed response has no public switch for it, and without
+    this attribute the headers simply go first again."""
+
+    _send_headers_immediately = False
+
+
 def upstream_headers(
     incoming: web.BaseRequest, request_id: str, *, forward_authorization: bool = True
 ) -> dict[str, str]:
@@ -121,9 +134,7 @@ async def relay_stream(
     `drop_usage`: the router asked the engine for the usage chunk the client did not ask for;
     it is read (for the access log and counters) and not passed on."""
     upstream = answer.response
-    out = web.StreamResponse(
-        status=upstream.status, headers=response_headers(upstream, extra_headers)
-    )
+    out = RelayedStream(status=upstream.status, headers=response_headers(upstream, extra_headers))
     result = RelayResult(status=upstream.status)
     marker = api.first_token  # None: the first chunk is the first token
     if answer.first_chunk_at is not None and marker is None:

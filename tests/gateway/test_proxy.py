@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import RouterFactory
 from tests.support.fake_engine import FakeEngine
+from tests.support.relay import relay_to_transport
 
 
 async def post(
@@ -322,3 +323,11 @@ async def test_official_openai_client_through_the_router(
     texts = [chunk.choices[0].text async for chunk in stream if chunk.choices]
     assert texts == ["t0 ", "t1 ", "t2 "]
     await client.close()
+
+
+async def test_a_stream_s_headers_leave_with_its_first_chunk() -> None:
+    """One send, not two, before the client has its first token."""
+    first, second = b'data: {"t": 0}\n\n', b"data: [DONE]\n\n"
+    writes = (await relay_to_transport(first, [second])).writes
+    assert writes[0].startswith(b"HTTP/1.1 200") and first in writes[0]
+    assert second not in writes[0] and b"".join(writes).endswith(b"0\r\n\r\n")
