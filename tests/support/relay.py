@@ -52,19 +52,24 @@ class Written:
         pass
 
 
-async def relay(
-    monkeypatch: pytest.MonkeyPatch, first: bytes, rest: list[bytes], **options: Any
-) -> tuple[Written, RelayResult]:
-    """Relay an answer whose first chunk is `first` (arrived at 1.0 on the relay's clock), then
-    `rest`; `options` go to relay_stream (the request started at 0.5)."""
-    answer = UpstreamAnswer(
+def _answer(first: bytes, rest: list[bytes]) -> UpstreamAnswer:
+    """An engine's streamed answer: `first` arrived at 1.0 on the relay's clock, `rest` to come."""
+    return UpstreamAnswer(
         engine=None,  # type: ignore[arg-type]
         response=_Upstream(rest),  # type: ignore[arg-type]
         first_chunk=first,
         first_chunk_at=1.0,
     )
+
+
+async def relay(
+    monkeypatch: pytest.MonkeyPatch, first: bytes, rest: list[bytes], **options: Any
+) -> tuple[Written, RelayResult]:
+    """Relay an answer whose first chunk is `first` (arrived at 1.0 on the relay's clock), then
+    `rest`; `options` go to relay_stream (the request started at 0.5)."""
     written = Written()
     monkeypatch.setattr(proxy, "RelayedStream", lambda **kw: written)
+    answer = _answer(first, rest)
     _, result = await proxy.relay_stream(None, answer, {}, 0.5, **options)  # type: ignore[arg-type]
     return written, result
 
@@ -94,11 +99,5 @@ async def relay_to_transport(first: bytes, rest: list[bytes]) -> RecordingTransp
     protocol = mock.Mock(transport=transport, _paused=False)
     writer = StreamWriter(protocol, asyncio.get_running_loop())
     request = make_mocked_request("POST", "/v1/chat/completions", writer=writer)
-    answer = UpstreamAnswer(
-        engine=None,  # type: ignore[arg-type]
-        response=_Upstream(rest),  # type: ignore[arg-type]
-        first_chunk=first,
-        first_chunk_at=1.0,
-    )
-    await proxy.relay_stream(request, answer, {}, 0.5)
+    await proxy.relay_stream(request, _answer(first, rest), {}, 0.5)
     return transport
