@@ -2,8 +2,8 @@
 
 The pipeline is the same for every API; what differs is named here, once per API: how its
 usage reads (`usage`), whether the engine must be asked for a streamed usage chunk (chat and
-completions; the Responses and Messages streams end with their usage anyway), the token ids the
-engine will see (`prompt`), its error shape (`error_json`, `stream_error`) and how an engine's
+completions; the Responses and Messages streams end with their usage anyway), the prompt the
+engine will tokenize (`prompt`), its error shape (`error_json`, `stream_error`) and how an engine's
 error body is brought into that shape (`engine_error`). docs/protocols.md is the contract.
 """
 
@@ -16,11 +16,11 @@ from typing import Any
 
 from hiveroute.errors import HiverouteError, error_body
 from hiveroute.gateway.usage import UsageReader, chat_usage, messages_usage, responses_usage
-from hiveroute.kvindex.tokenizer import Tokenizer, prompt_token_ids
+from hiveroute.kvindex.tokenizer import Prompt, Tokenizer, prompt_of
 from hiveroute.protocols import anthropic
-from hiveroute.protocols.prompts import messages_prompt, responses_prompt
+from hiveroute.protocols.prompts import messages_prompt_text, responses_conversation
 
-PromptReader = Callable[[Tokenizer, dict[str, Any]], list[int]]
+PromptReader = Callable[[Tokenizer, dict[str, Any]], Prompt]
 
 
 @dataclass(frozen=True)
@@ -88,18 +88,18 @@ def anthropic_engine_error(data: bytes) -> bytes:
     return json.dumps(anthropic.error_body(status, message)).encode()
 
 
-def _responses_tokens(tokenizer: Tokenizer, body: dict[str, Any]) -> list[int]:
-    return responses_prompt(tokenizer, body)[1]
+def _responses_prompt(tokenizer: Tokenizer, body: dict[str, Any]) -> Prompt:
+    return responses_conversation(tokenizer, body)[1]
 
 
-def _completion_tokens(path: str) -> PromptReader:
-    return lambda tokenizer, body: prompt_token_ids(tokenizer, path, body)
+def _completion_prompt(path: str) -> PromptReader:
+    return lambda tokenizer, body: prompt_of(tokenizer, path, body)
 
 
 COMPLETIONS = Api(
     "completions",
     chat_usage,
-    _completion_tokens("/v1/completions"),
+    _completion_prompt("/v1/completions"),
     True,
     openai_error_json,
     openai_stream_error,
@@ -107,7 +107,7 @@ COMPLETIONS = Api(
 CHAT = Api(
     "chat",
     chat_usage,
-    _completion_tokens("/v1/chat/completions"),
+    _completion_prompt("/v1/chat/completions"),
     True,
     openai_error_json,
     openai_stream_error,
@@ -115,7 +115,7 @@ CHAT = Api(
 RESPONSES = Api(
     "responses",
     responses_usage,
-    _responses_tokens,
+    _responses_prompt,
     False,
     responses_error_json,
     responses_stream_error,
@@ -127,7 +127,7 @@ RESPONSES = Api(
 MESSAGES = Api(
     "messages",
     messages_usage,
-    messages_prompt,
+    messages_prompt_text,
     False,
     anthropic_error_json,
     anthropic_stream_error,

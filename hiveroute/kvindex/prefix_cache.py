@@ -305,6 +305,34 @@ class PrefixEncodeCache:
             return self._encode(text, add_special_tokens)[0]
         return self._encode_entry(text, add_special_tokens, chunked=chunked).ids
 
+    def encode_head(
+        self, text: str, add_special_tokens: bool, *, beyond: int
+    ) -> tuple[list[int], int] | None:
+        """`text`'s first token ids and how many characters they cover (`end`): the tokens of
+        `text[:end]`, where `end` is the first place at least `beyond` characters past what
+        the nearest cached text shares with `text` at which the tokens before and after are
+        independent (`segment_split`). A router needs a prompt's tokens only as far as an
+        engine could hold them; the rest can wait until the request is on its way. The head is
+        kept, so encoding the whole text later reuses it. None when the text cannot be cut by
+        its content (no `segment_split`) or what would be left is short: encode it whole."""
+        split = self._segment_split
+        if split is None or len(text) < MIN_CACHED_CHARS:
+            return None
+        probe = (add_special_tokens, text[:_PROBE])
+        best, common = self._nearest(probe, text)
+        end = _split_from(text, common + max(1, beyond), split)
+        if end is None or len(text) - end < MIN_CACHED_CHARS:
+            return None
+        head = text[:end]
+        ids = PrefixIds()
+        starts, source, reused = self._encode_after(best, common, head, add_special_tokens, ids)
+        entry = _Entry(head, ids, starts)
+        ids.keys = entry.keys
+        ids.source_keys = source.keys if source is not None else None
+        ids.reused = reused
+        self._store(probe, entry, _extended(best, common))
+        return ids, end
+
     def _encode_entry(self, text: str, add_special_tokens: bool, *, chunked: bool) -> _Entry:
         """Encode a text of at least MIN_CACHED_CHARS and keep it (its chunks too, `chunked`)."""
         probe = (add_special_tokens, text[:_PROBE])
@@ -497,6 +525,18 @@ class PrefixEncodeCache:
             self._probation_tokens -= len(entry.ids)
         if not family.entries:
             del self._families[probe]
+
+
+_MAX_SPLIT_SEARCH = 4096  # characters searched for a split before a text is encoded whole
+
+
+def _split_from(text: str, pos: int, split: SplitRule) -> int | None:
+    """The first position at or after `pos` where `split` cuts `text` (None: none soon)."""
+    last = min(len(text) - 1, pos + _MAX_SPLIT_SEARCH)
+    for at in range(max(pos, 1), last):
+        if split(text, at):
+            return at
+    return None
 
 
 def _extended(best: _Entry | None, common: int) -> _Entry | None:

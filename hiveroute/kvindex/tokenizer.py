@@ -18,6 +18,7 @@ import json
 import operator
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,6 +50,14 @@ class Tokenizer(Protocol):
         agent's own; its chunks are reused too (prefix_cache.py). The ids are the same."""
         ...
 
+    def encode_head(
+        self, text: str, *, add_special_tokens: bool, beyond: int
+    ) -> tuple[list[int], int] | None:
+        """The first ids of `text` and how many characters they cover, at least `beyond`
+        characters past what was tokenized of it before (prefix_cache.py, `encode_head`);
+        None when this tokenizer cannot stop early: encode the whole text."""
+        ...
+
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def apply_chat_template(
@@ -75,8 +84,31 @@ def message_text(content: Any) -> str:
     )
 
 
-def prompt_token_ids(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> list[int]:
-    """The prompt token ids an engine computes for this request (completions or chat)."""
+@dataclass(frozen=True)
+class PromptText:
+    """A prompt as the text the engine tokenizes (a rendered chat, a completion's string):
+    kept apart from its ids so a router can tokenize only as much of it as it needs."""
+
+    text: str
+    add_special_tokens: bool
+    chunked: bool = False  # a rendered chat (`Tokenizer.encode`)
+
+    def encode(self, tokenizer: Tokenizer) -> list[int]:
+        return tokenizer.encode(
+            self.text, add_special_tokens=self.add_special_tokens, chunked=self.chunked
+        )
+
+
+# what a request's prompt is: a text to tokenize, or token ids the client sent
+Prompt = PromptText | list[int]
+
+
+def encode_prompt(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
+    return prompt.encode(tokenizer) if isinstance(prompt, PromptText) else prompt
+
+
+def prompt_of(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> Prompt:
+    """The prompt an engine tokenizes for this request (completions or chat)."""
     if path.endswith("/chat/completions"):
         messages = body.get("messages")
         if not isinstance(messages, list):
@@ -86,18 +118,23 @@ def prompt_token_ids(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> l
             add_generation_prompt=bool(body.get("add_generation_prompt", True)),
             tools=body.get("tools"),
         )
-        return tokenizer.encode(text, add_special_tokens=False, chunked=True)
+        return PromptText(text, add_special_tokens=False, chunked=True)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt, add_special_tokens=True)
+        return PromptText(prompt, add_special_tokens=True)
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         ids = [int(t) for t in prompt]
         if not keyable(ids):
             raise BadRequest("token ids in 'prompt' must be from 0 to 2**64 - 1", param="prompt")
         return ids
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return tokenizer.encode(prompt[0], add_special_tokens=True)
+        return PromptText(prompt[0], add_special_tokens=True)
     raise BadRequest("'prompt' must be a string or a list of token ids", param="prompt")
+
+
+def prompt_token_ids(tokenizer: Tokenizer, path: str, body: dict[str, Any]) -> list[int]:
+    """The prompt token ids an engine computes for this request (completions or chat)."""
+    return encode_prompt(tokenizer, prompt_of(tokenizer, path, body))
 
 
 # --- built-in ------------------------------------------------------------------------------
@@ -164,6 +201,11 @@ class BuiltinTokenizer:
         self, text: str, *, add_special_tokens: bool = True, chunked: bool = False
     ) -> list[int]:
         return self.prefix_cache.encode(text, add_special_tokens, chunked=chunked)
+
+    def encode_head(
+        self, text: str, *, add_special_tokens: bool, beyond: int
+    ) -> tuple[list[int], int] | None:
+        return self.prefix_cache.encode_head(text, add_special_tokens, beyond=beyond)
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """A full encode, bypassing the prefix cache (tests and benchmarks compare with it)."""
@@ -269,6 +311,13 @@ class HFTokenizer:
         if self.prefix_cache is not None:
             return self.prefix_cache.encode(text, add_special_tokens, chunked=chunked)
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def encode_head(
+        self, text: str, *, add_special_tokens: bool, beyond: int
+    ) -> tuple[list[int], int] | None:
+        if self.prefix_cache is None:
+            return None
+        return self.prefix_cache.encode_head(text, add_special_tokens, beyond=beyond)
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """A full encode, bypassing the prefix cache (tests and benchmarks compare with it)."""

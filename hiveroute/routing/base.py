@@ -20,7 +20,8 @@ from hiveroute.metadata import RequestMetadata
 
 if TYPE_CHECKING:
     from hiveroute.kvindex.blocks import BlockKey
-    from hiveroute.kvindex.tokenizer import Tokenizer
+    from hiveroute.kvindex.tokenizer import Prompt, Tokenizer
+    from hiveroute.routing.request_tokens import PromptHead
 
 
 def load_bound(candidates: Sequence[Engine], load_factor: float, slack: int = 0) -> int:
@@ -46,6 +47,10 @@ class DerivedFromPrompt:
 
     # by tokenizer name; None: the prompt cannot be tokenized with it
     token_ids: dict[str, list[int] | None] = field(default_factory=dict)
+    # by tokenizer name: what its API says the engine tokenizes (read once)
+    prompts: dict[str, Prompt] = field(default_factory=dict)
+    # by tokenizer name: the first ids, while the prompt is tokenized only that far
+    heads: dict[str, PromptHead] = field(default_factory=dict)
     # by (block size, tokens keyed): a router tokenizes with one tokenizer
     block_keys: dict[tuple[int, int], list[BlockKey]] = field(default_factory=dict)
 
@@ -59,9 +64,9 @@ class RoutingRequest:
     body: dict[str, Any]
     metadata: RequestMetadata
     tenant: str | None = None
-    # The token ids the engine will see, computed as its API does (gateway/apis.py); None: a
-    # completions or chat body, read by kvindex.tokenizer.prompt_token_ids.
-    prompt: Callable[[Tokenizer, dict[str, Any]], list[int]] | None = field(
+    # The prompt the engine will tokenize, read as its API does (gateway/apis.py); None: a
+    # completions or chat body, read by kvindex.tokenizer.prompt_of.
+    prompt: Callable[[Tokenizer, dict[str, Any]], Prompt] | None = field(
         default=None, compare=False, repr=False
     )
     derived: DerivedFromPrompt = field(default_factory=DerivedFromPrompt, compare=False, repr=False)

@@ -44,7 +44,10 @@ from hiveroute.routing.live_set import LiveSet
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.request_tokens import (
     PREFIX_MATCH_KEY,
+    PromptHead,
     cache_salt,
+    extend_head,
+    prompt_head,
     request_block_keys,
     request_token_ids,
 )
@@ -110,7 +113,18 @@ class PrefixMatcher:
         self.fixed_block_size = fixed_block_size
 
     def tokens(self, request: RoutingRequest, state: CycleState) -> list[int] | None:
+        """The whole prompt's token ids: what is done once a request is on its way."""
         return request_token_ids(request, state, self.tokenizer)
+
+    def head(self, request: RoutingRequest, *, tokens: int = 0) -> PromptHead | None:
+        """The prompt's first token ids, as far as routing needs them (request_tokens.py)."""
+        return prompt_head(request, self.tokenizer, tokens=tokens)
+
+    def prompt_length(self, request: RoutingRequest) -> int | None:
+        """The prompt's tokens, estimated from its head until it is tokenized whole; None
+        when it cannot be tokenized here."""
+        head = self.head(request)
+        return None if head is None else head.estimated_tokens
 
     def block_size(self, engine: Engine) -> int | None:
         if self.fixed_block_size is not None:
@@ -118,18 +132,21 @@ class PrefixMatcher:
         return self.index.block_size(engine.name) or engine.block_size
 
     def match(self, request: RoutingRequest, engine: Engine, state: CycleState) -> PrefixMatch:
-        """The engine's cached prefix of this request (memoised in the state)."""
+        """The engine's cached prefix of this request (memoised in the state). The prompt is
+        tokenized further only while the engine holds all of what is tokenized of it."""
         matches: dict[str, PrefixMatch] = state.setdefault(self.matches_key, {})
         found = matches.get(engine.name)
         if found is None:
-            tokens = self.tokens(request, state)
+            head = self.head(request)
             size = self.block_size(engine)
-            if not tokens or size is None:
-                found = PrefixMatch(block_size=size or 1)
-            else:
-                keys = request_block_keys(request, state, tokens, size)
-                shared = reused_blocks(tokens, size)  # blocks an earlier prompt had too
+            found = PrefixMatch(block_size=size or 1)
+            while head is not None and head.ids and size is not None:
+                keys = request_block_keys(request, head.ids, size)
+                shared = reused_blocks(head.ids, size)  # blocks an earlier prompt had too
                 found = self.index.match(engine.name, keys, size, shared_blocks=shared)
+                if head.complete or found.blocks < len(keys):
+                    break
+                head = extend_head(request, self.tokenizer, head)
             matches[engine.name] = found
         return found
 
@@ -143,11 +160,12 @@ class PrefixMatcher:
     ) -> dict[str, CachedPrompt]:
         """What each engine is priced as holding (`RoutingCost.with_copies`), in the blocks of
         `holder`, the engine holding the most of the prompt."""
-        tokens = self.tokens(request, state)
         size = self.block_size(holder)
-        if not tokens or size is None:
+        most = max((c.tokens for c in held.values()), default=0)
+        head = self.head(request, tokens=most + (size or 0))  # a block past the most held
+        if head is None or not head.ids or size is None:
             return held
-        keys = request_block_keys(request, state, tokens, size)
+        keys = request_block_keys(request, head.ids, size)
         return cost.with_copies(held, keys, size, context_of(request), state)
 
     def speculate(
@@ -162,7 +180,7 @@ class PrefixMatcher:
             salt = cache_salt(request)
             self.index.add_speculative_tokens(engine.name, tokens, salt=salt, ttl_s=ttl_s)
         else:
-            keys = request_block_keys(request, state, tokens, size)
+            keys = request_block_keys(request, tokens, size)
             shared = reused_blocks(tokens, size)  # blocks an earlier prompt had too
             self.index.add_speculative(engine.name, keys, ttl_s=ttl_s, shared_blocks=shared)
 
@@ -189,7 +207,7 @@ class _CacheScorer(Scorer):
         self.index = matcher.index
 
     async def prepare(self, request: RoutingRequest, state: CycleState) -> None:
-        self.matcher.tokens(request, state)
+        self.matcher.head(request)
 
     def match(self, request: RoutingRequest, engine: Engine, state: CycleState) -> PrefixMatch:
         return self.matcher.match(request, engine, state)
@@ -236,17 +254,16 @@ class KvTtftScorer(_CacheScorer):
     def score(
         self, request: RoutingRequest, candidates: list[Engine], state: CycleState
     ) -> dict[str, float]:
-        tokens = self.matcher.tokens(request, state)
-        n_tokens = len(tokens) if tokens else 0
+        n_tokens = self.matcher.prompt_length(request)
         held = {e.name: self.cached(request, e, state) for e in candidates}
         holder = max(candidates, key=lambda e: held[e.name].tokens)
         priced = self.matcher.priced(self.cost, request, state, held, holder)
-        costs = [self.cost.price(e, n_tokens, priced[e.name]) for e in candidates]
+        costs = [self.cost.price(e, n_tokens or 0, priced[e.name]) for e in candidates]
         chosen = self.cost.cheapest(costs)
         state[PRICES_KEY] = costs
-        most = min(held[holder.name].tokens, n_tokens)
-        chosen_held = min(held[chosen.engine.name].tokens, n_tokens)
-        if tokens is None:
+        most = min(held[holder.name].tokens, n_tokens or 0)
+        chosen_held = min(held[chosen.engine.name].tokens, n_tokens or 0)
+        if n_tokens is None:
             reason = "no_tokens"
         elif self.guard_took_best(request, state, most):
             reason = "load_guard"

@@ -249,7 +249,7 @@ class RoutingCost:
         load = priced_load(state, engine)
         self.ledger.routed(engine, n_tokens - held.tokens, state, lower, load=load)
         if tokens and block_size is not None:
-            keys = request_block_keys(request, state, tokens, block_size)
+            keys = request_block_keys(request, tokens, block_size)
             matches: dict[str, PrefixMatch] = state.get(PREFIX_MATCH_KEY, {})
             shared = reused_blocks(tokens, block_size)
             self.routed(engine, keys, matches, state, shared_blocks=shared)

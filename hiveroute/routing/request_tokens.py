@@ -1,34 +1,68 @@
-"""A request's prompt token ids and block keys, computed once per routing cycle.
+"""A request's prompt token ids and block keys, computed once per request.
 
-Plugins share them through the CycleState: the first plugin that needs the token ids tokenizes,
-later ones (and other policies' plugins, e.g. `workflow`) read them back, as they read the
-per-engine prefix matches the cache-aware scorers store under PREFIX_MATCH_KEY.
+Plugins share them through `request.derived`: the first plugin that needs the token ids
+tokenizes, later ones (and other policies' plugins, e.g. `workflow`) read them back, as they
+read the per-engine prefix matches the cache-aware scorers store under PREFIX_MATCH_KEY.
+
+Before a request is sent, routing needs its tokens only as far as an engine could hold them: an
+engine holds a block only with every block before it, so once no engine holds all of a prompt's
+first blocks, the rest changes no match. `prompt_head` tokenizes that far (what the prefix cache
+knows of the text, plus `HEAD_CHARS` characters, longer while some engine still holds all of
+it); the count of the rest is estimated from the head's characters per token, and the whole
+prompt is tokenized once the request is on its way (`prompt_tokens_of`), for the bookkeeping
+that serves later decisions. A new 20k-token context costs the model's tokenizer tens of
+milliseconds: its first request no longer waits for them.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from hiveroute.errors import HiverouteError
 from hiveroute.kvindex.blocks import BlockKey
 from hiveroute.kvindex.index import PrefixMatch
 from hiveroute.kvindex.prefix_cache import prefix_block_keys
-from hiveroute.kvindex.tokenizer import Tokenizer, prompt_token_ids
+from hiveroute.kvindex.tokenizer import Prompt, PromptText, Tokenizer, encode_prompt, prompt_of
 from hiveroute.routing.base import CycleState, RoutingRequest, StateKey
 
 log = logging.getLogger("hiveroute.routing")
 
 TOKEN_IDS_KEY: StateKey[list[int] | None] = StateKey("token_ids")
-BLOCK_KEYS_KEY: StateKey[dict[int, list[BlockKey]]] = StateKey("block_keys")  # by block size
 # engine name -> PrefixMatch (the kv index's view)
 PREFIX_MATCH_KEY: StateKey[dict[str, PrefixMatch]] = StateKey("prefix_match")
+
+# characters tokenized past what the prefix cache knows of a prompt, at first: a few blocks of
+# new text, so the head reaches past the first block no engine holds
+HEAD_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class PromptHead:
+    """A prompt's first token ids: all of them (`complete`), or those of its first
+    `covered_chars` characters of `total_chars`."""
+
+    ids: list[int]
+    complete: bool
+    covered_chars: int = 0
+    total_chars: int = 0
+
+    @property
+    def estimated_tokens(self) -> int:
+        """The prompt's length in tokens: exact when complete, else the head's and the rest's
+        characters at the head's characters per token."""
+        if self.complete or self.covered_chars <= 0:
+            return len(self.ids)
+        rest = self.total_chars - self.covered_chars
+        return len(self.ids) + round(rest * len(self.ids) / self.covered_chars)
 
 
 def request_token_ids(
     request: RoutingRequest, state: CycleState, tokenizer: Tokenizer
 ) -> list[int] | None:
-    """The prompt's token ids (cached in `state`); None when the prompt cannot be tokenized
-    here, in which case cache-aware plugins route on load alone and the engine has its say."""
+    """The whole prompt's token ids (kept in `state` for the plugins that read them there);
+    None when the prompt cannot be tokenized here, in which case cache-aware plugins route on
+    load alone and the engine has its say."""
     if TOKEN_IDS_KEY not in state:
         state[TOKEN_IDS_KEY] = prompt_tokens_of(request, tokenizer)
     tokens: list[int] | None = state[TOKEN_IDS_KEY]
@@ -36,22 +70,98 @@ def request_token_ids(
 
 
 def prompt_tokens_of(request: RoutingRequest, tokenizer: Tokenizer) -> list[int] | None:
-    """The prompt's token ids, tokenized once per request and tokenizer (`request.derived`);
-    None when the prompt cannot be tokenized here."""
+    """The whole prompt's token ids, tokenized once per request and tokenizer
+    (`request.derived`); None when the prompt cannot be tokenized here."""
     known = request.derived.token_ids
     if tokenizer.name in known:
         return known[tokenizer.name]
     tokens: list[int] | None
     try:
-        if request.prompt is not None:  # another API: its adapter knows its prompt
-            tokens = request.prompt(tokenizer, request.body)
-        else:
-            tokens = prompt_token_ids(tokenizer, request.path, request.body)
+        prompt = _prompt(request, tokenizer)
+        tokens = encode_prompt(tokenizer, prompt)
     except (HiverouteError, ValueError, TypeError) as exc:
         log.debug("cannot tokenize request %s: %s", request.request_id, exc)
         tokens = None
     known[tokenizer.name] = tokens
+    request.derived.heads.pop(tokenizer.name, None)
     return tokens
+
+
+def prompt_head(
+    request: RoutingRequest, tokenizer: Tokenizer, *, tokens: int = 0
+) -> PromptHead | None:
+    """The prompt's first token ids, at least `tokens` of them (or all there are), tokenized
+    no further than that (module doc); None when the prompt cannot be tokenized here."""
+    head = _head(request, tokenizer)
+    while head is not None and not head.complete and len(head.ids) < max(tokens, 1):
+        head = extend_head(request, tokenizer, head)
+    return head
+
+
+def extend_head(
+    request: RoutingRequest, tokenizer: Tokenizer, head: PromptHead
+) -> PromptHead | None:
+    """A head covering about twice the characters of `head`, or the whole prompt (None: it
+    cannot be tokenized whole after all)."""
+    prompt = request.derived.prompts.get(tokenizer.name)
+    if isinstance(prompt, PromptText):
+        found = tokenizer.encode_head(
+            prompt.text,
+            add_special_tokens=prompt.add_special_tokens,
+            beyond=max(HEAD_CHARS, head.covered_chars),
+        )
+        if found is not None and found[1] > head.covered_chars:  # else: no progress
+            return _kept(
+                request, tokenizer, PromptHead(found[0], False, found[1], len(prompt.text))
+            )
+    return _whole(request, tokenizer)
+
+
+def _head(request: RoutingRequest, tokenizer: Tokenizer) -> PromptHead | None:
+    """The head tokenized so far, or a first one."""
+    name = tokenizer.name
+    if name in request.derived.token_ids:
+        return _whole(request, tokenizer)
+    head = request.derived.heads.get(name)
+    if head is not None:
+        return head
+    try:
+        prompt = _prompt(request, tokenizer)
+        if isinstance(prompt, PromptText):
+            found = tokenizer.encode_head(
+                prompt.text, add_special_tokens=prompt.add_special_tokens, beyond=HEAD_CHARS
+            )
+            if found is not None:
+                head = PromptHead(found[0], False, found[1], len(prompt.text))
+                return _kept(request, tokenizer, head)
+    except (HiverouteError, ValueError, TypeError) as exc:
+        log.debug("cannot tokenize request %s: %s", request.request_id, exc)
+        request.derived.token_ids[name] = None
+        return None
+    return _whole(request, tokenizer)
+
+
+def _whole(request: RoutingRequest, tokenizer: Tokenizer) -> PromptHead | None:
+    ids = prompt_tokens_of(request, tokenizer)
+    return None if ids is None else PromptHead(ids, True)
+
+
+def _kept(request: RoutingRequest, tokenizer: Tokenizer, head: PromptHead) -> PromptHead:
+    request.derived.heads[tokenizer.name] = head
+    return head
+
+
+def _prompt(request: RoutingRequest, tokenizer: Tokenizer) -> Prompt:
+    """What the engine tokenizes for this request, read once per tokenizer."""
+    prompts = request.derived.prompts
+    prompt = prompts.get(tokenizer.name)
+    if prompt is None:
+        if request.prompt is not None:  # another API: its adapter knows its prompt
+            prompt = request.prompt(tokenizer, request.body)
+        else:
+            prompt = prompt_of(tokenizer, request.path, request.body)
+        prompts[tokenizer.name] = prompt
+    return prompt
 
 
 def cache_salt(request: RoutingRequest) -> str | None:
@@ -60,14 +170,11 @@ def cache_salt(request: RoutingRequest) -> str | None:
 
 
 def request_block_keys(
-    request: RoutingRequest, state: CycleState, tokens: list[int], block_size: int
+    request: RoutingRequest, tokens: list[int], block_size: int
 ) -> list[BlockKey]:
-    """The request's chained block keys for one block size (cached in `state`)."""
-    by_size: dict[int, list[BlockKey]] = state.setdefault(BLOCK_KEYS_KEY, {})
-    keys = by_size.get(block_size)
-    if keys is None:
-        keys = by_size[block_size] = _memo_keys(request, tokens, block_size)
-    return keys
+    """The chained block keys of `tokens` (the prompt's, or its head's) for one block size,
+    computed once per request (`request.derived`)."""
+    return _memo_keys(request, tokens, block_size)
 
 
 def prompt_block_keys(

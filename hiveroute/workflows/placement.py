@@ -53,7 +53,7 @@ from hiveroute.routing.cache_aware import PrefixMatcher, decision_memory
 from hiveroute.routing.cost import PRICES_KEY, CachedPrompt, scores_from_costs
 from hiveroute.routing.policy import REASON_KEY
 from hiveroute.routing.registry import PluginContext
-from hiveroute.routing.request_tokens import TOKEN_IDS_KEY, request_block_keys
+from hiveroute.routing.request_tokens import request_block_keys
 from hiveroute.workflows.parents import (
     PARENT_BLOCK,
     Parents,
@@ -133,7 +133,7 @@ class WorkflowPlacementScorer(Scorer):
     # --- before the decision: agree on the home --------------------------------------------
 
     async def prepare(self, request: RoutingRequest, state: CycleState) -> None:
-        tokens = self.matcher.tokens(request, state)
+        head = self.matcher.head(request)
         state[PARENT_KEY] = self.parents.parent_of(request.metadata, request.tenant)
         name = request.metadata.workflow_id
         service = self.service
@@ -143,15 +143,19 @@ class WorkflowPlacementScorer(Scorer):
         if view is None:
             return
         state[VIEW_KEY] = view
-        if tokens:
-            self.shorten_shared_prefix(view, self._chain(request, state, tokens))
+        if head is not None and head.ids and view.shared_chain is not None:
+            # the prompt's chain as far as the workflow's shared prefix, and a block past it
+            covered = (len(view.shared_chain) + 1) * PARENT_BLOCK
+            head = self.matcher.head(request, tokens=covered)
+            if head is not None:
+                self.shorten_shared_prefix(view, self._chain(request, head.ids))
         pool = self.pool
         candidates = pool.candidates(request.model)
         if not candidates:
             return
         if view.home is not None and pool.get(view.home) is not None:
             return
-        n = len(tokens) if tokens else self.tokens(request, state)
+        n = self.tokens(request, state)
         held = {e.name: self.known(request, state, e) for e in candidates}
         priced = self.priced(request, state, held, candidates)
         costs = [self.cost.price(e, n, priced[e.name]) for e in candidates]
@@ -196,15 +200,18 @@ class WorkflowPlacementScorer(Scorer):
     # --- the decision ---------------------------------------------------------------------
 
     def tokens(self, request: RoutingRequest, state: CycleState) -> int:
-        ids = state.get(TOKEN_IDS_KEY)
-        if isinstance(ids, list):
-            return len(ids)
+        """The prompt's tokens: counted once it is tokenized whole, estimated from its head
+        before, from its characters where it cannot be tokenized here."""
+        n = self.matcher.prompt_length(request)
+        if n is not None:
+            return n
         return int(prompt_chars(request) / self.chars_per_token)
 
     @staticmethod
-    def _chain(request: RoutingRequest, state: CycleState, tokens: list[int]) -> list[BlockKey]:
-        """The prompt's chain for the subagent map, from the request's memoised block keys."""
-        return chain_from_keys(request_block_keys(request, state, tokens, PARENT_BLOCK))
+    def _chain(request: RoutingRequest, tokens: list[int]) -> list[BlockKey]:
+        """The chain of `tokens` (the prompt's, or its head's) for the subagent map, from the
+        request's memoised block keys."""
+        return chain_from_keys(request_block_keys(request, tokens, PARENT_BLOCK))
 
     def has_events(self, name: str) -> bool:
         """Whether the KV index knows `name`'s blocks (its events told their size)."""
@@ -247,20 +254,20 @@ class WorkflowPlacementScorer(Scorer):
         it evicted since is not there, and lending it made a secondary home that had dropped
         the workflow's context look warm (benchmarks/results/matrix_notes.md, 2026-12-05)."""
         held = {e.name: self.known(request, state, e) for e in candidates}
-        tokens = state.get(TOKEN_IDS_KEY)
         parent: Seen | None = state.get(PARENT_KEY)
-        if (
-            parent is not None
-            and parent.engine in held
-            and isinstance(tokens, list)
-            and not self.has_events(parent.engine)
-        ):
-            shared = shared_tokens(parent.chain, self._chain(request, state, tokens))
-            found = held[parent.engine]
-            held[parent.engine] = CachedPrompt(max(found.gpu_tokens, shared), found.lower_tokens)
+        if parent is not None and parent.engine in held and not self.has_events(parent.engine):
+            # the prompt's chain as far as the parent's, and a block past it
+            head = self.matcher.head(request, tokens=(len(parent.chain) + 1) * PARENT_BLOCK)
+            if head is not None and head.ids:
+                shared = shared_tokens(parent.chain, self._chain(request, head.ids))
+                found = held[parent.engine]
+                held[parent.engine] = CachedPrompt(
+                    max(found.gpu_tokens, shared), found.lower_tokens
+                )
         if view is None:
             return held
-        warm = self.shared_prefix_tokens(view, tokenized=bool(tokens))
+        head = self.matcher.head(request)
+        warm = self.shared_prefix_tokens(view, tokenized=head is not None and bool(head.ids))
         for name in view.engines:
             known = held.get(name)
             if known is not None and not self.has_events(name):
@@ -300,6 +307,7 @@ class WorkflowPlacementScorer(Scorer):
 
     def on_routed(self, request: RoutingRequest, engine: Engine, state: CycleState) -> None:
         view: WorkflowView | None = state.get(VIEW_KEY)
+        tokens = self.matcher.tokens(request, state)  # the whole prompt, now it is on its way
         n = self.tokens(request, state)
         held: dict[str, CachedPrompt] = state.get(HELD_KEY) or {}
         found = held.get(engine.name) or self.known(request, state, engine)
@@ -307,19 +315,18 @@ class WorkflowPlacementScorer(Scorer):
         self.matcher.speculate(request, engine, state, None)  # siblings see it before events
         if not events:  # no events from this engine (yet): remember the decision instead
             self.memory.speculate(request, engine, state, None)
-        tokens = state.get(TOKEN_IDS_KEY)
         self.cost.request_routed(
             request,
             engine,
             state,
             n_tokens=n,
             held=found,
-            tokens=tokens if isinstance(tokens, list) else None,
+            tokens=tokens,
             block_size=(self.matcher if events else self.memory).block_size(engine),
         )
         service = self.service
         meta = request.metadata
-        chain = self._chain(request, state, tokens) if isinstance(tokens, list) else []
+        chain = self._chain(request, tokens) if tokens else []
         if view is not None and chain:
             self.learn_shared_prefix(view, chain)
         self.parents.routed(

@@ -16,7 +16,7 @@ from hiveroute.metadata import RequestMetadata
 from hiveroute.routing.backlog import PrefillBacklog
 from hiveroute.routing.base import CycleState, RequestOutcome, RoutingRequest
 from hiveroute.routing.cost import PRICES_KEY
-from hiveroute.routing.request_tokens import TOKEN_IDS_KEY
+from hiveroute.routing.request_tokens import TOKEN_IDS_KEY, prompt_tokens_of
 from hiveroute.workflows.placement import WorkflowPlacementScorer
 from hiveroute.workflows.service import WorkflowService
 
@@ -168,7 +168,6 @@ async def test_an_agent_returns_to_its_history_that_another_replica_placed() -> 
     """Its previous request went through another replica to an engine this one also uses for
     the workflow. The KV index shows its history there; the workflow's other engines hold only
     the shared prefix, so they must not be priced as holding the history too."""
-    from hiveroute.routing.request_tokens import TOKEN_IDS_KEY
     from hiveroute.workflows.scope import scoped
 
     router, service = make_router(n=3)
@@ -181,7 +180,7 @@ async def test_an_agent_returns_to_its_history_that_another_replica_placed() -> 
     earlier = request("w", "executor-0", "elsewhere", own=600)
     state = CycleState()
     await router.policy.prepare(earlier, state)
-    tokens = state[TOKEN_IDS_KEY]
+    tokens = prompt_tokens_of(earlier, router.tokenizer)
     size = 16
     count = len(tokens) // size
     for engine in router.pool.engines:
@@ -298,15 +297,13 @@ def scorer_of(router: Router) -> WorkflowPlacementScorer:
 
 
 async def test_placement_reads_what_the_kv_index_says_each_engine_holds() -> None:
-    from hiveroute.routing.request_tokens import TOKEN_IDS_KEY
-
     router, _ = make_router(n=3)
     a, _idle, c = router.pool.engines
     a.load.in_flight, c.load.in_flight = 1, 1  # the middle one is idle ...
     req = request(None, "x", "r1")
     state = CycleState()
     await router.policy.prepare(req, state)
-    tokens = state[TOKEN_IDS_KEY]
+    tokens = prompt_tokens_of(req, router.tokenizer)
     assert tokens and len(tokens) > 1000
     index = router.kv_index
     size = 16
@@ -379,4 +376,6 @@ async def test_a_backlog_counts_as_drained_at_the_engines_prefill_rate(drain: bo
     if drain:
         assert after[a.name] == pytest.approx(after[b.name])
     else:
-        assert after[a.name] == pytest.approx(before[a.name])
+        # (the probe's length is estimated from as much of it as was tokenized, which the
+        # first probe lengthened: a hundredth of a per cent apart)
+        assert after[a.name] == pytest.approx(before[a.name], rel=1e-3)
