@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from hiveroute.bench.workloads.text import filler
 from hiveroute.engines.engine import Engine, EngineSpec
 from hiveroute.engines.pool import EnginePool
 from hiveroute.errors import ConfigError
@@ -650,3 +651,61 @@ async def test_a_retry_elsewhere_says_why_it_chose_its_own_engine() -> None:
     others = [e for e in pool.candidates("m") if e is not first.engine]
     retry = policy.decide(req, others, state)
     assert retry.engine.name == "127.0.0.1:8100" and retry.reason == "kv_miss"
+
+
+def _policy(name: str) -> tuple[EnginePool, Policy, PluginContext]:
+    """`kv`, or `workflow`'s placement alone: the two share the decision."""
+    pool, policy, svc = make(3, "kv") if name == "kv" else with_scorers("workflow_placement")
+    for e in pool.engines:
+        svc.kv_index.set_block_size(e.name, BS)
+    return pool, policy, svc
+
+
+@pytest.mark.parametrize("policy_name", ["kv", "workflow"])
+async def test_a_prompt_no_engine_holds_is_tokenized_past_its_head_once_it_is_sent(
+    policy_name: str,
+) -> None:
+    """Every engine holds the system prompt, none the new text behind it: the decision needs
+    the prompt's tokens only a block past the system prompt. The rest is tokenized once the
+    request is on its way, for the bookkeeping that serves later decisions."""
+    pool, policy, svc = _policy(policy_name)
+    tokenizer = svc.tokenizer
+    assert tokenizer is not None
+    system = filler(600, "system prompt")
+    held = tokenizer.encode(system)  # an earlier request: the prefix cache knows it
+    for e in pool.engines:
+        cache_on(svc.kv_index, e.name, held)
+    text = system + filler(8_000, "a new question")
+    req = request(text)
+    state = CycleState()
+    await policy.prepare(req, state)
+    decision = policy.decide_then_send(req, pool.candidates("m"), state)
+    assert tokenizer.name not in req.derived.token_ids  # not tokenized whole before sending
+    head = req.derived.heads[tokenizer.name]
+    assert head.covered_chars < len(text) // 4
+    whole = BuiltinTokenizer().encode_uncached(text)
+    assert head.ids == whole[: len(head.ids)]
+    assert 0.9 < head.estimated_tokens / len(whole) < 1.1
+    matches = state[PREFIX_MATCH_KEY]
+    assert {m.tokens for m in matches.values()} == {len(held) // BS * BS}
+    policy.catch_up()  # the bytes are out: the plugins hear where the request went
+    assert req.derived.token_ids[tokenizer.name] == whole
+    assert decision.engine.name in {e.name for e in pool.engines}
+
+
+@pytest.mark.parametrize("policy_name", ["kv", "workflow"])
+async def test_a_match_reads_the_prompt_on_while_an_engine_holds_all_of_it(
+    policy_name: str,
+) -> None:
+    """An engine holds most of a prompt this router never tokenized (another replica sent
+    it): the head is lengthened until the match stops inside it, so the match is the same
+    as on the whole prompt's tokens."""
+    pool, policy, svc = _policy(policy_name)
+    text = filler(12_000, "another replica's conversation")
+    whole = BuiltinTokenizer().encode_uncached(text)
+    holder = pool.engines[1].name
+    cache_on(svc.kv_index, holder, whole[: len(whole) * 3 // 4])
+    decision, state = await route(policy, pool, request(text))
+    matches = state[PREFIX_MATCH_KEY]
+    assert matches[holder].tokens == len(whole) * 3 // 4 // BS * BS
+    assert decision.engine.name == holder

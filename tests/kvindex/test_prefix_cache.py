@@ -403,3 +403,48 @@ def test_a_completion_prompt_is_reused_by_prefix_only() -> None:
         {"messages": [{"role": "user", "content": "fourth agent: " + context}]},
     )
     assert tok.prefix_cache.reused_tokens - before > 0.3 * len(tok.encode_uncached(context))
+
+
+@pytest.mark.parametrize("kind", ["hf", "builtin"])
+def test_a_head_is_the_whole_encodings_first_ids_and_the_whole_encoding_reuses_it(
+    tokenizer_dir: Path, kind: str
+) -> None:
+    """A router tokenizes a prompt only as far as an engine could hold it before sending: the
+    head's ids must be the whole text's first ids, and tokenizing the whole text afterwards
+    must cost only what the head left."""
+    tok = HFTokenizer(tokenizer_dir) if kind == "hf" else BuiltinTokenizer()
+    cache = tok.prefix_cache
+    assert cache is not None
+    text = filler(24_000, "head", 1)
+    whole = tok.encode_uncached(text, add_special_tokens=True)
+    found = tok.encode_head(text, add_special_tokens=True, beyond=1024)
+    assert found is not None
+    ids, end = found
+    assert 1024 <= end < len(text) - 4096  # about the characters asked for, not the whole
+    assert ids == whole[: len(ids)] == tok.encode_uncached(text[:end], add_special_tokens=True)
+    reused = cache.reused_tokens
+    assert tok.encode(text, add_special_tokens=True) == whole
+    assert cache.reused_tokens - reused >= len(ids) - 256  # the head was not tokenized again
+
+
+def test_a_head_starts_past_what_the_cache_knows_of_the_text() -> None:
+    tok = BuiltinTokenizer()
+    earlier = filler(8_000, "turn", 1)
+    tok.encode(earlier, add_special_tokens=False)
+    text = earlier + " and the next turn, " + filler(8_000, "turn", 2)
+    found = tok.encode_head(text, add_special_tokens=False, beyond=500)
+    assert found is not None
+    ids, end = found
+    assert len(earlier) + 500 <= end < len(earlier) + 1000
+    assert ids == tok.encode_uncached(text, add_special_tokens=False)[: len(ids)]
+
+
+def test_a_text_with_little_left_or_a_tokenizer_that_cannot_cut_has_no_head(
+    tokenizer_dir: Path,
+) -> None:
+    tok = BuiltinTokenizer()
+    text = filler(5_000, "short", 1)[:5_000]
+    assert tok.encode_head(text, add_special_tokens=False, beyond=4_000) is None  # 1k left
+    assert tok.encode_head(text[:1000], add_special_tokens=False, beyond=100) is None
+    whole_only = PrefixEncodeCache(BuiltinTokenizer()._encode_with_offsets, segment_split=None)
+    assert whole_only.encode_head(filler(20_000, "x", 1), False, beyond=100) is None

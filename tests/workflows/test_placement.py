@@ -379,3 +379,27 @@ async def test_a_backlog_counts_as_drained_at_the_engines_prefill_rate(drain: bo
         # (the probe's length is estimated from as much of it as was tokenized, which the
         # first probe lengthened: a hundredth of a per cent apart)
         assert after[a.name] == pytest.approx(before[a.name], rel=1e-3)
+
+
+async def test_a_sibling_tokenized_elsewhere_keeps_the_workflows_shared_prefix_whole() -> None:
+    """A sibling reaching a router worker whose prefix cache never saw the workflow's context:
+    before pricing, its prompt is tokenized as far as the workflow's shared prefix (and a block
+    past it), not only as far as an engine could hold it, so the shared prefix is shortened
+    only to what the prompts really share."""
+    from hiveroute.kvindex.prefix_cache import PrefixEncodeCache, any_token_start
+    from hiveroute.kvindex.tokenizer import BuiltinTokenizer, piece_boundary
+    from hiveroute.workflows.scope import scoped
+
+    router, service = make_router(n=2)
+    context = SHARED * 4  # far longer than a head
+    await route(router, request("w", "planner", "r0", context=context), done=True)
+    view = await service.registry.view(scoped(None, "w"))
+    assert view is not None and view.shared_chain is not None
+    shared = len(view.shared_chain)
+    tokenizer = router.tokenizer
+    assert isinstance(tokenizer, BuiltinTokenizer)
+    tokenizer.prefix_cache = PrefixEncodeCache(  # another worker's: it knows nothing yet
+        tokenizer._encode_with_offsets, safe_split=any_token_start, segment_split=piece_boundary
+    )
+    await route(router, request("w", "executor", "r1", context=context, own=300))
+    assert len(view.shared_chain) == shared - 1  # all but the block with the planner's own word
