@@ -15,8 +15,13 @@ executor's, which shares the context. Each new workflow is tokenized by two such
 alternating which goes first: workers alone, and workers sharing their chunks
 (kvindex/shared_chunks.py, as `serve --workers` runs them).
 
+With `--layout new_context` each prompt is a new workflow's first (a context no engine holds,
+then the agent's own part): what routing waits for before sending it is its head
+(routing/request_tokens.py: the prompt as far as an engine could hold it), against the whole
+prompt as before; the rest is tokenized once the request is on its way, reusing the head.
+
     PYTHONPATH=. python -m benchmarks.tokenize_prefix [--tokenizer DIR] [--turns 20]
-        [--layout context_first|role_first|sibling_worker]
+        [--layout context_first|role_first|sibling_worker|new_context]
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 from benchmarks.report import write_report
 from hiveroute.kvindex.shared_chunks import SharedChunkStore
 from hiveroute.kvindex.tokenizer import HFTokenizer
+from hiveroute.routing.request_tokens import HEAD_CHARS
 from hiveroute.runtime import memory_dir
 
 WORDS = (
@@ -58,7 +64,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=1_000)
     parser.add_argument(
         "--layout",
-        choices=("context_first", "role_first", "sibling_worker"),
+        choices=("context_first", "role_first", "sibling_worker", "new_context"),
         default="context_first",
     )
     args = parser.parse_args()
@@ -73,6 +79,8 @@ def main() -> None:
 
     if args.layout == "role_first":
         lines = role_first(tok, args, words)
+    elif args.layout == "new_context":
+        lines = new_context(tok, args, words)
     elif args.layout == "sibling_worker":
         with tempfile.TemporaryDirectory(prefix="hr-chunks-", dir=memory_dir()) as shared_dir:
             lines = sibling_worker(tok, args, words, shared_dir)
@@ -196,6 +204,47 @@ def sibling_worker(
         f"executor {median['alone', 'executor']:.2f} ms",
         f"workers sharing chunks: planner {median['shared', 'planner']:.2f} ms, "
         f"executor {median['shared', 'executor']:.2f} ms",
+        "ids identical to a full encode on every prompt",
+    ]
+
+
+def new_context(
+    tok: HFTokenizer, args: argparse.Namespace, words: Callable[[int], str]
+) -> list[str]:
+    before = HFTokenizer(tok.directory)  # a cache of its own, tokenizing every prompt whole
+    timings: dict[str, list[float]] = {"whole": [], "head": [], "rest": []}
+    sizes, heads = [], []
+    for _ in range(args.turns + 1):
+        context = words(args.prompt_tokens - args.new_tokens)
+        text = tok.apply_chat_template(
+            [
+                {"role": "system", "content": "The workflow's documents.\n" + context},
+                {"role": "user", "content": "You are the planner. " + words(args.new_tokens)},
+            ],
+            add_generation_prompt=True,
+        )
+        t0 = time.perf_counter()
+        expected = before.encode(text, add_special_tokens=False, chunked=True)
+        t1 = time.perf_counter()
+        found = tok.encode_head(text, add_special_tokens=False, beyond=HEAD_CHARS)
+        t2 = time.perf_counter()
+        got = tok.encode(text, add_special_tokens=False, chunked=True)
+        t3 = time.perf_counter()
+        assert found is not None, "this tokenizer cannot stop early (no split from the text)"
+        assert found[0] == expected[: len(found[0])] and got == expected, "ids differ"
+        for key, seconds in zip(timings, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            timings[key].append(seconds)
+        sizes.append(len(expected))
+        heads.append(len(found[0]))
+    whole, head, rest = (statistics.median(timings[k][1:]) * 1000 for k in timings)
+    return [
+        f"prompts: {len(sizes) - 1} (after a first one), median {statistics.median(sizes)} tokens;"
+        " a new context each (no engine holds it), then the agent's own part",
+        f"whole prompt before sending (as before):  median {whole:.2f} ms",
+        f"its head before sending:                  median {head:.2f} ms"
+        f" ({statistics.median(heads)} tokens; {whole / head:.0f}x less)",
+        f"the rest, once the request is on its way: median {rest:.2f} ms"
+        f" (head and rest: {(head + rest) / whole:.2f} of the whole)",
         "ids identical to a full encode on every prompt",
     ]
 
