@@ -46,10 +46,10 @@ from hiveroute.routing.request_tokens import (
     PREFIX_MATCH_KEY,
     PromptHead,
     cache_salt,
-    extend_head,
     prompt_head,
     request_block_keys,
     request_token_ids,
+    whole_prompt,
 )
 from hiveroute.routing.retention import Retention
 from hiveroute.routing.sharing import context_of
@@ -133,7 +133,7 @@ class PrefixMatcher:
 
     def match(self, request: RoutingRequest, engine: Engine, state: CycleState) -> PrefixMatch:
         """The engine's cached prefix of this request (memoised in the state). The prompt is
-        tokenized further only while the engine holds all of what is tokenized of it."""
+        tokenized whole only where the engine holds all of its head."""
         matches: dict[str, PrefixMatch] = state.setdefault(self.matches_key, {})
         found = matches.get(engine.name)
         if found is None:
@@ -146,7 +146,7 @@ class PrefixMatcher:
                 found = self.index.match(engine.name, keys, size, shared_blocks=shared)
                 if head.complete or found.blocks < len(keys):
                     break
-                head = extend_head(request, self.tokenizer, head)
+                head = whole_prompt(request, self.tokenizer)
             matches[engine.name] = found
         return found
 

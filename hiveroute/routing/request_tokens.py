@@ -7,8 +7,8 @@ read the per-engine prefix matches the cache-aware scorers store under PREFIX_MA
 Before a request is sent, routing needs its tokens only as far as an engine could hold them: an
 engine holds a block only with every block before it, so once no engine holds all of a prompt's
 first blocks, the rest changes no match. `prompt_head` tokenizes that far (what the prefix cache
-knows of the text, plus `HEAD_CHARS` characters, longer while some engine still holds all of
-it); the count of the rest is estimated from the head's characters per token, and the whole
+knows of the text, plus `HEAD_CHARS` characters; the whole prompt where some engine holds all
+of that); the count of the rest is estimated from the head's characters per token, and the whole
 prompt is tokenized once the request is on its way (`prompt_tokens_of`), for the bookkeeping
 that serves later decisions. A new 20k-token context costs the model's tokenizer tens of
 milliseconds: its first request no longer waits for them.
@@ -90,38 +90,28 @@ def prompt_tokens_of(request: RoutingRequest, tokenizer: Tokenizer) -> list[int]
 def prompt_head(
     request: RoutingRequest, tokenizer: Tokenizer, *, tokens: int = 0
 ) -> PromptHead | None:
-    """The prompt's first token ids, at least `tokens` of them (or all there are), tokenized
-    no further than that (module doc); None when the prompt cannot be tokenized here."""
+    """The prompt's first token ids, tokenized no further than routing needs (module doc):
+    its head, or the whole prompt when the head holds fewer than `tokens` ids. None when the
+    prompt cannot be tokenized here."""
     head = _head(request, tokenizer)
-    while head is not None and not head.complete and len(head.ids) < max(tokens, 1):
-        head = extend_head(request, tokenizer, head)
+    if head is not None and not head.complete and len(head.ids) < max(tokens, 1):
+        return whole_prompt(request, tokenizer)
     return head
 
 
-def extend_head(
-    request: RoutingRequest, tokenizer: Tokenizer, head: PromptHead
-) -> PromptHead | None:
-    """A head covering about twice the characters of `head`, or the whole prompt (None: it
-    cannot be tokenized whole after all)."""
-    prompt = request.derived.prompts.get(tokenizer.name)
-    if isinstance(prompt, PromptText):
-        found = tokenizer.encode_head(
-            prompt.text,
-            add_special_tokens=prompt.add_special_tokens,
-            beyond=max(HEAD_CHARS, head.covered_chars),
-        )
-        if found is not None and found[1] > head.covered_chars:  # else: no progress
-            return _kept(
-                request, tokenizer, PromptHead(found[0], False, found[1], len(prompt.text))
-            )
-    return _whole(request, tokenizer)
+def whole_prompt(request: RoutingRequest, tokenizer: Tokenizer) -> PromptHead | None:
+    """The whole prompt as a head: where an engine holds all of a head, it likely holds a
+    long shared context, whose tokens the prefix cache and the sibling workers' chunks
+    mostly have already."""
+    ids = prompt_tokens_of(request, tokenizer)
+    return None if ids is None else PromptHead(ids, True)
 
 
 def _head(request: RoutingRequest, tokenizer: Tokenizer) -> PromptHead | None:
     """The head tokenized so far, or a first one."""
     name = tokenizer.name
     if name in request.derived.token_ids:
-        return _whole(request, tokenizer)
+        return whole_prompt(request, tokenizer)
     head = request.derived.heads.get(name)
     if head is not None:
         return head
@@ -138,12 +128,7 @@ def _head(request: RoutingRequest, tokenizer: Tokenizer) -> PromptHead | None:
         log.debug("cannot tokenize request %s: %s", request.request_id, exc)
         request.derived.token_ids[name] = None
         return None
-    return _whole(request, tokenizer)
-
-
-def _whole(request: RoutingRequest, tokenizer: Tokenizer) -> PromptHead | None:
-    ids = prompt_tokens_of(request, tokenizer)
-    return None if ids is None else PromptHead(ids, True)
+    return whole_prompt(request, tokenizer)
 
 
 def _kept(request: RoutingRequest, tokenizer: Tokenizer, head: PromptHead) -> PromptHead:
