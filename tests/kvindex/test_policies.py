@@ -671,7 +671,7 @@ async def test_a_prompt_no_engine_holds_is_tokenized_past_its_head_once_it_is_se
     pool, policy, svc = _policy(policy_name)
     tokenizer = svc.tokenizer
     assert tokenizer is not None
-    system = filler(600, "system prompt")
+    system = filler(1_500, "system prompt")  # long enough for the prefix cache to keep
     held = tokenizer.encode(system)  # an earlier request: the prefix cache knows it
     for e in pool.engines:
         cache_on(svc.kv_index, e.name, held)
