@@ -18,7 +18,7 @@ alternating which goes first: workers alone, and workers sharing their chunks
 With `--layout new_context` each prompt is a new workflow's first (a context no engine holds,
 then the agent's own part): what routing waits for before sending it is its head
 (routing/request_tokens.py: the prompt as far as an engine could hold it), against the whole
-prompt as before; the rest is tokenized once the request is on its way, reusing the head.
+prompt as before; the whole prompt is tokenized again once the request is on its way.
 
     PYTHONPATH=. python -m benchmarks.tokenize_prefix [--tokenizer DIR] [--turns 20]
         [--layout context_first|role_first|sibling_worker|new_context]
@@ -243,7 +243,7 @@ def new_context(
         f"whole prompt before sending (as before):  median {whole:.2f} ms",
         f"its head before sending:                  median {head:.2f} ms"
         f" ({statistics.median(heads)} tokens; {whole / head:.0f}x less)",
-        f"the rest, once the request is on its way: median {rest:.2f} ms"
+        f"the whole, once the request is on its way: median {rest:.2f} ms"
         f" (head and rest: {(head + rest) / whole:.2f} of the whole)",
         "ids identical to a full encode on every prompt",
     ]

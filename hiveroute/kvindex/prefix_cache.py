@@ -313,8 +313,9 @@ class PrefixEncodeCache:
         the nearest cached text shares with `text` at which the tokens before and after are
         independent (`segment_split`). A router needs a prompt's tokens only as far as an
         engine could hold them; the rest can wait until the request is on its way. The head is
-        kept, so encoding the whole text later reuses it. None when the text cannot be cut by
-        its content (no `segment_split`) or what would be left is short: encode it whole."""
+        not kept: the whole text, encoded later, is cut into the chunks it would be cut into
+        without it (a sibling worker finds them). None when the text cannot be cut by its
+        content (no `segment_split`) or what would be left is short: encode it whole."""
         split = self._segment_split
         if split is None or len(text) < MIN_CACHED_CHARS:
             return None
@@ -323,14 +324,11 @@ class PrefixEncodeCache:
         end = _split_from(text, common + max(1, beyond), split)
         if end is None or len(text) - end < MIN_CACHED_CHARS:
             return None
-        head = text[:end]
         ids = PrefixIds()
-        starts, source, reused = self._encode_after(best, common, head, add_special_tokens, ids)
-        entry = _Entry(head, ids, starts)
-        ids.keys = entry.keys
+        _, source, reused = self._encode_after(best, common, text[:end], add_special_tokens, ids)
+        ids.keys = {}
         ids.source_keys = source.keys if source is not None else None
         ids.reused = reused
-        self._store(probe, entry, _extended(best, common))
         return ids, end
 
     def _encode_entry(self, text: str, add_special_tokens: bool, *, chunked: bool) -> _Entry:
