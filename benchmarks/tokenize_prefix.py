@@ -244,7 +244,7 @@ def new_context(
         f"its head before sending:                  median {head:.2f} ms"
         f" ({statistics.median(heads)} tokens; {whole / head:.0f}x less)",
         f"the whole, once the request is on its way: median {rest:.2f} ms"
-        f" (head and rest: {(head + rest) / whole:.2f} of the whole)",
+        f" (head and whole: {(head + rest) / whole:.2f} of the whole before)",
         "ids identical to a full encode on every prompt",
     ]
 
