@@ -35,6 +35,8 @@ PREFIX_MATCH_KEY: StateKey[dict[str, PrefixMatch]] = StateKey("prefix_match")
 # characters tokenized past what the prefix cache knows of a prompt, at first: a few blocks of
 # new text, so the head reaches past the first block no engine holds
 HEAD_CHARS = 1024
+# what reading or tokenizing a prompt raises when this router cannot tokenize it
+_CANNOT_TOKENIZE = (HiverouteError, ValueError, TypeError)
 
 
 @dataclass(frozen=True)
@@ -77,10 +79,9 @@ def prompt_tokens_of(request: RoutingRequest, tokenizer: Tokenizer) -> list[int]
         return known[tokenizer.name]
     tokens: list[int] | None
     try:
-        prompt = _prompt(request, tokenizer)
-        tokens = encode_prompt(tokenizer, prompt)
-    except (HiverouteError, ValueError, TypeError) as exc:
-        log.debug("cannot tokenize request %s: %s", request.request_id, exc)
+        tokens = encode_prompt(tokenizer, _prompt(request, tokenizer))
+    except _CANNOT_TOKENIZE as exc:
+        _cannot_tokenize(request, tokenizer, exc)
         tokens = None
     known[tokenizer.name] = tokens
     request.derived.heads.pop(tokenizer.name, None)
@@ -123,17 +124,18 @@ def _head(request: RoutingRequest, tokenizer: Tokenizer) -> PromptHead | None:
             )
             if found is not None:
                 head = PromptHead(found[0], False, found[1], len(prompt.text))
-                return _kept(request, tokenizer, head)
-    except (HiverouteError, ValueError, TypeError) as exc:
-        log.debug("cannot tokenize request %s: %s", request.request_id, exc)
+                request.derived.heads[name] = head
+                return head
+    except _CANNOT_TOKENIZE as exc:
+        _cannot_tokenize(request, tokenizer, exc)
         request.derived.token_ids[name] = None
         return None
     return whole_prompt(request, tokenizer)
 
 
-def _kept(request: RoutingRequest, tokenizer: Tokenizer, head: PromptHead) -> PromptHead:
-    request.derived.heads[tokenizer.name] = head
-    return head
+def _cannot_tokenize(request: RoutingRequest, tokenizer: Tokenizer, exc: Exception) -> None:
+    """A prompt this router cannot tokenize (logged): cache-aware plugins route it on load."""
+    log.debug("cannot tokenize request %s with %s: %s", request.request_id, tokenizer.name, exc)
 
 
 def _prompt(request: RoutingRequest, tokenizer: Tokenizer) -> Prompt:
@@ -159,7 +161,12 @@ def request_block_keys(
 ) -> list[BlockKey]:
     """The chained block keys of `tokens` (the prompt's, or its head's) for one block size,
     computed once per request (`request.derived`)."""
-    return _memo_keys(request, tokens, block_size)
+    known = request.derived.block_keys
+    keys = known.get((block_size, len(tokens)))
+    if keys is None:
+        keys = prefix_block_keys(tokens, block_size, salt=cache_salt(request))
+        known[block_size, len(tokens)] = keys
+    return keys
 
 
 def prompt_block_keys(
@@ -169,13 +176,4 @@ def prompt_block_keys(
     (`request.derived`), so workflow accounting after the response reuses the keys routing
     computed; None when the prompt cannot be tokenized here."""
     tokens = prompt_tokens_of(request, tokenizer)
-    return None if tokens is None else _memo_keys(request, tokens, block_size)
-
-
-def _memo_keys(request: RoutingRequest, tokens: list[int], block_size: int) -> list[BlockKey]:
-    known = request.derived.block_keys
-    keys = known.get((block_size, len(tokens)))
-    if keys is None:
-        keys = prefix_block_keys(tokens, block_size, salt=cache_salt(request))
-        known[block_size, len(tokens)] = keys
-    return keys
+    return None if tokens is None else request_block_keys(request, tokens, block_size)
